@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh clone: `make train` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build; a GPU user installs a CUDA build into .venv first (see README) and this step keeps it.
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install test train bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
+test: install
+	$(PY) -m pytest -q
+
+train: install
+	$(PY) train.py
+
+bench: install
+	$(PY) benchmarks/kv_cache.py
+
+clean:
+	rm -rf $(VENV) outputs multirun mlflow.db mlartifacts .pytest_cache
