@@ -1,0 +1,155 @@
+"""Encoder-decoder Transformer: N -> M sequence-to-sequence forecasting.
+
+The encoder reads N history steps (targets and covariates) with bidirectional attention and
+compresses them into a memory `(B, N, d_model)`. The decoder produces the M future steps one at a
+time: its token for future step m embeds the target of step m - 1 and the known covariates of step
+m; causal self-attention looks at the decoder's earlier steps and cross-attention (Q from the
+decoder, K/V from the memory) looks back at the history at every step. The first decoder token
+carries the last observed target (`start_token="last"`) or a learned `[GO]` vector (`"go"`).
+
+Encoder and decoder share one time axis: history steps sit at positions 0..N-1 and future steps at
+N..N+M-1, for every positional encoding. With RoPE this holds in cross-attention too, so a decoder
+query knows how far back each memory step lies.
+
+Training is teacher-forced (`forward`): the decoder input is the true future shifted right by one
+step. `generate` feeds predictions back, caching the decoder's self-attention K/V and computing the
+cross-attention K/V of the memory once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tsformer.nn.blocks import TransformerStack
+from tsformer.nn.config import TransformerConfig
+from tsformer.nn.embedding import InputProjection
+from tsformer.nn.kv_cache import KVCache
+from tsformer.nn.masks import padding_mask
+from tsformer.nn.positional import build_positional
+
+START_TOKENS = ("last", "go")
+
+
+@dataclass
+class EncoderDecoderConfig(TransformerConfig):
+    d_enc_in: int = 1  # features per history step (targets and covariates)
+    d_target: int = 1
+    d_known: int = 0  # covariates known for the future steps
+    n_decoder_layers: int | None = None  # None: as many as the encoder (n_layers)
+    start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, cfg: EncoderDecoderConfig):
+        super().__init__()
+        if cfg.start_token not in START_TOKENS:
+            raise ValueError(f"unknown start_token {cfg.start_token!r}; choose one of {START_TOKENS}")
+        self.cfg = cfg
+        self.enc_proj = InputProjection(cfg.d_enc_in, cfg.d_model)
+        self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
+        n_dec = cfg.n_decoder_layers or cfg.n_layers
+        self.decoder = TransformerStack(cfg, n_dec, causal=True, cross_attention=True, rope=rope)
+        self.go_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02) if cfg.start_token == "go" else None
+        self.head = nn.Linear(cfg.d_model, cfg.d_target)
+
+    def encode(self, hist: torch.Tensor, hist_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, N, d_model)`."""
+        N = hist.shape[1]
+        self.positional.check_length(N)
+        positions = torch.arange(N, device=hist.device)
+        h = self.dropout(self.positional(self.enc_proj(hist), positions))
+        mask = padding_mask(hist_valid) if hist_valid is not None else None
+        return self.encoder(h, mask=mask, positions=positions)
+
+    def decode(
+        self,
+        target_prev: torch.Tensor,
+        known: torch.Tensor,
+        memory: torch.Tensor,
+        memory_valid: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` decoder inputs -> `(B, T, Dy)`.
+
+        With a cache, the T tokens continue after those already decoded.
+        """
+        B, T, Dy = target_prev.shape
+        N = memory.shape[1]
+        start = cache.length if cache is not None else 0
+        self.positional.check_length(N + start + T)
+        positions = torch.arange(N + start, N + start + T, device=memory.device)  # after the history
+        if self.go_token is not None and start == 0:
+            # the first token carries the [GO] vector instead of an observed target
+            target_prev = torch.cat([torch.zeros_like(target_prev[:, :1]), target_prev[:, 1:]], dim=1)
+        h = self.dec_proj(torch.cat([target_prev, known], dim=-1))  # (B, T, d_model)
+        if self.go_token is not None and start == 0:
+            h = torch.cat([h[:, :1] + self.go_token, h[:, 1:]], dim=1)
+        h = self.dropout(self.positional(h, positions))
+        memory_mask = padding_mask(memory_valid) if memory_valid is not None else None
+        h = self.decoder(
+            h,
+            positions=positions,
+            memory=memory,
+            memory_mask=memory_mask,
+            memory_positions=torch.arange(N, device=memory.device),
+            cache=cache,
+        )
+        return self.head(h)  # (B, T, Dy)
+
+    def forward(
+        self,
+        hist: torch.Tensor,
+        last_target: torch.Tensor,
+        fut_target: torch.Tensor,
+        fut_known: torch.Tensor | None = None,
+        hist_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher forcing: predict `(B, M, Dy)` with the true future shifted right as decoder input.
+
+        hist: `(B, N, d_enc_in)`; last_target: `(B, Dy)` the last observed target;
+        fut_target: `(B, M, Dy)` the true future; fut_known: `(B, M, Dk)`.
+        """
+        B, M, _ = fut_target.shape
+        if fut_known is None:
+            fut_known = fut_target.new_zeros(B, M, 0)
+        memory = self.encode(hist, hist_valid)
+        target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
+        return self.decode(target_prev, fut_known, memory, hist_valid)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        hist: torch.Tensor,
+        last_target: torch.Tensor,
+        fut_known: torch.Tensor | None = None,
+        horizon: int | None = None,
+        hist_valid: torch.Tensor | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Roll out M future steps `(B, M, Dy)`; M from `fut_known (B, M, Dk)` or `horizon`."""
+        B = hist.shape[0]
+        if fut_known is None:
+            if horizon is None:
+                raise ValueError("give fut_known (B, M, Dk) or horizon")
+            fut_known = hist.new_zeros(B, horizon, 0)
+        M = fut_known.shape[1]
+        self.positional.check_length(hist.shape[1] + M)  # refuse before any work is done
+        memory = self.encode(hist, hist_valid)  # computed once for all steps
+        cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
+        target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
+        next_pred = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache)[:, -1:]
+        preds = [next_pred]
+        for m in range(1, M):
+            if use_cache:
+                next_pred = self.decode(next_pred, fut_known[:, m : m + 1], memory, hist_valid, cache=cache)
+            else:
+                target_prev = torch.cat([target_prev, next_pred], dim=1)  # (B, m + 1, Dy)
+                next_pred = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid)[:, -1:]
+            preds.append(next_pred)
+        return torch.cat(preds, dim=1)  # (B, M, Dy)

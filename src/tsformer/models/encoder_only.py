@@ -1,0 +1,106 @@
+"""Encoder-only Transformer: bidirectional attention over one window.
+
+Every step sees every other step of the window (no causal mask), so the model maps a whole window of
+observations to outputs at the same time: `Y = F(X)`, like a sensor-calibration function.
+
+Heads:
+- `per_step`: state reconstruction, `(B, N, d_in) -> (B, N, d_out)` (infer hidden states from
+  observed inputs over the same window);
+- `classification`: `(B, N, d_in) -> (B, n_classes)` logits, pooled from a learned `[CLS]` token
+  (prepended at position 0) or by the mean over real steps;
+- `forecast`: `(B, N, d_in) -> (B, M, d_out)`: the N encoder outputs flattened and mapped to M future
+  steps by one linear layer. This is the "encoder-only + linear head" that the documents compare
+  with the encoder-decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tsformer.nn.blocks import TransformerStack
+from tsformer.nn.config import TransformerConfig
+from tsformer.nn.embedding import InputProjection
+from tsformer.nn.masks import padding_mask
+from tsformer.nn.positional import build_positional
+
+HEADS = ("per_step", "classification", "forecast")
+POOLINGS = ("cls", "mean")
+
+
+@dataclass
+class EncoderOnlyConfig(TransformerConfig):
+    d_in: int = 1  # features per input step
+    d_out: int = 1  # outputs per step (per_step and forecast heads)
+    head: str = "per_step"  # "per_step" | "classification" | "forecast"
+    n_classes: int = 2  # classification head
+    pooling: str = "cls"  # classification head: "cls" token or "mean" over real steps
+    context_len: int = 100  # forecast head: the fixed window length N it flattens
+    horizon: int = 1  # forecast head: the M steps it outputs
+
+
+class EncoderOnly(nn.Module):
+    def __init__(self, cfg: EncoderOnlyConfig):
+        super().__init__()
+        if cfg.head not in HEADS:
+            raise ValueError(f"unknown encoder-only head {cfg.head!r}; choose one of {HEADS}")
+        if cfg.pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {cfg.pooling!r}; choose one of {POOLINGS}")
+        self.cfg = cfg
+        self.input_proj = InputProjection(cfg.d_in, cfg.d_model)
+        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
+        self.use_cls = cfg.head == "classification" and cfg.pooling == "cls"
+        if self.use_cls:
+            self.cls_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02)
+        if cfg.head == "per_step":
+            self.head = nn.Linear(cfg.d_model, cfg.d_out)
+        elif cfg.head == "classification":
+            self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        else:
+            self.head = nn.Linear(cfg.context_len * cfg.d_model, cfg.horizon * cfg.d_out)
+
+    def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x: `(B, N, d_in)`, valid: `(B, N)` bool, True on real steps -> `(B, N', d_model)`.
+
+        N' = N + 1 when a [CLS] token is prepended (it is then at index 0).
+        """
+        B, N, _ = x.shape
+        h = self.input_proj(x)  # (B, N, d_model)
+        if self.use_cls:
+            h = torch.cat([self.cls_token.expand(B, 1, -1), h], dim=1)  # (B, N + 1, d_model)
+            if valid is not None:
+                valid = torch.cat([valid.new_ones(B, 1), valid], dim=1)  # (B, N + 1)
+        n_positions = h.shape[1]
+        self.positional.check_length(n_positions)
+        positions = torch.arange(n_positions, device=x.device)
+        h = self.dropout(self.positional(h, positions))
+        mask = padding_mask(valid) if valid is not None else None
+        return self.encoder(h, mask=mask, positions=positions)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        B, N, _ = x.shape
+        h = self.encode(x, valid)
+        if self.cfg.head == "per_step":
+            return self.head(h)  # (B, N, d_out)
+        if self.cfg.head == "classification":
+            if self.use_cls:
+                pooled = h[:, 0]  # (B, d_model)
+            elif valid is None:
+                pooled = h.mean(dim=1)
+            else:
+                w = valid.unsqueeze(-1).to(h.dtype)  # (B, N, 1)
+                pooled = (h * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
+            return self.head(pooled)  # (B, n_classes)
+        # forecast head: needs the window length it was built for
+        if N != self.cfg.context_len:
+            raise ValueError(
+                f"the forecast head was built for windows of context_len={self.cfg.context_len} steps, got {N}"
+            )
+        if valid is not None:
+            h = h * valid.unsqueeze(-1).to(h.dtype)  # padded steps contribute nothing
+        out = self.head(h.reshape(B, N * self.cfg.d_model))  # (B, M * d_out)
+        return out.view(B, self.cfg.horizon, self.cfg.d_out)  # (B, M, d_out)

@@ -1,0 +1,1 @@
+"""Transformer building blocks, one file per concept (attention, masks, positional, blocks, kv_cache)."""

@@ -1,0 +1,180 @@
+"""Scaled dot-product attention and multi-head attention.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V
+
+Two paths compute it:
+- the reference path spells the formula out and can return the attention weights (for plots);
+- the fused path calls `F.scaled_dot_product_attention` (faster, less memory) and is the default.
+Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.py`).
+
+A query whose keys are ALL masked (e.g. a padded query in a padded batch) would give softmax over
+all -inf = NaN. Here such a row attends nowhere and its output is defined as zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tsformer.nn.kv_cache import CrossAttentionCache, SelfAttentionCache
+from tsformer.nn.masks import causal_mask, combine_masks
+from tsformer.nn.positional import RotaryEmbedding
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    fused: bool = True,
+    return_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of `q (B, H, Tq, Dh)` over `k, v (B, H, Tk, Dh)`.
+
+    mask: bool, broadcastable to `(B, H, Tq, Tk)`, True = may attend.
+    causal: queries are the last `Tq` positions of the key sequence and see no later key.
+    return_weights: use the reference path and also return the `(B, H, Tq, Tk)` weights.
+    Returns `(out (B, H, Tq, Dh), weights or None)`.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    use_is_causal = False
+    if causal and n_q > 1:  # a single newest query may see every key: no mask needed
+        if mask is None and n_q == n_k and fused and not return_weights:
+            use_is_causal = True  # lets SDPA pick its causal kernel
+        else:
+            mask = combine_masks(mask, causal_mask(n_q, n_k, device=q.device))
+
+    has_key = None
+    if mask is not None:
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1): False on fully masked rows
+        mask = mask | ~has_key  # let those rows attend everywhere (finite), zero them below
+
+    if fused and not return_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal)
+        weights = None
+    else:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        out = weights @ v  # (B, H, Tq, Dh)
+
+    if has_key is not None:
+        out = out.masked_fill(~has_key, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(~has_key, 0.0)
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, for self-attention (`context=None`) and cross-attention.
+
+    d_k = d_model / n_heads. Separate Q, K, V projections and an output projection W_O. With a
+    `RotaryEmbedding`, queries and keys are rotated by their positions after projection.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rope: RotaryEmbedding | None = None,
+        fused: bool = True,
+    ):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+        self.rope = rope
+        self.fused = fused
+        # When True (see `record_attention`), the reference path runs and keeps the weights here.
+        self.record_weights = False
+        self.last_weights: torch.Tensor | None = None
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        positions: torch.Tensor | None = None,
+        context_positions: torch.Tensor | None = None,
+        cache: SelfAttentionCache | CrossAttentionCache | None = None,
+    ) -> torch.Tensor:
+        """x: `(B, Tq, d_model)`; context: `(B, Tk, d_model)` for cross-attention, else None.
+
+        positions / context_positions: `(Tq,)` / `(Tk,)` absolute positions, used by RoPE only.
+        cache: a `SelfAttentionCache` (self-attention: new keys are appended, all are attended) or
+        a `CrossAttentionCache` (cross-attention: keys/values of the context computed once).
+        """
+        B, Tq, D = x.shape
+        q = self._split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+        if self.rope is not None:
+            q = self.rope(q, positions)
+
+        if context is None:  # self-attention: keys come from the same tokens as the queries
+            k = self._split_heads(self.k_proj(x))  # (B, H, Tq, Dh)
+            v = self._split_heads(self.v_proj(x))
+            if self.rope is not None:
+                k = self.rope(k, positions)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, H, T_cached + Tq, Dh)
+        elif isinstance(cache, CrossAttentionCache) and cache.filled:
+            k, v = cache.k, cache.v  # computed from the context at the first decoding step
+        else:
+            k = self._split_heads(self.k_proj(context))  # (B, H, Tk, Dh)
+            v = self._split_heads(self.v_proj(context))
+            if self.rope is not None:
+                k = self.rope(k, context_positions)
+            if cache is not None:
+                cache.store(k, v)
+
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            fused=self.fused,
+            return_weights=self.record_weights,
+        )
+        if self.record_weights:
+            self.last_weights = weights.detach()
+        out = out.transpose(1, 2).reshape(B, Tq, D)  # (B, Tq, H * Dh)
+        return self.out_proj(out)
+
+
+@contextlib.contextmanager
+def record_attention(model: nn.Module):
+    """Within this context every attention layer of `model` keeps its weights in `.last_weights`.
+
+    Usage: `with record_attention(model): model(x)`, then read `m.last_weights` (B, H, Tq, Tk).
+    """
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for m in layers:
+        m.record_weights = True
+    try:
+        yield layers
+    finally:
+        for m in layers:
+            m.record_weights = False

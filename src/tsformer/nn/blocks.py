@@ -1,0 +1,143 @@
+"""Transformer blocks and stacks.
+
+A block is self-attention, optionally cross-attention (decoder of an encoder-decoder), and a
+position-wise feed-forward network, each wrapped in a residual connection with LayerNorm:
+
+    Pre-Norm  (modern default):  x = x + Dropout(Sublayer(LayerNorm(x)))   + a final LayerNorm
+    Post-Norm (original paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
+
+Pre-Norm keeps an identity path from input to output and trains stably; Post-Norm normalises the
+residual stream after each sublayer and needs a learning-rate warmup.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tsformer.nn.attention import MultiHeadAttention
+from tsformer.nn.config import TransformerConfig
+from tsformer.nn.kv_cache import KVCache
+from tsformer.nn.positional import RotaryEmbedding
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+NORMS = ("pre", "post")
+
+
+class FeedForward(nn.Module):
+    """Two linear layers applied to every step alone: d_model -> expansion * d_model -> d_model."""
+
+    def __init__(self, d_model: int, expansion: int = 4, activation: str = "gelu", dropout: float = 0.0):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.net = nn.Sequential(
+            nn.Linear(d_model, expansion * d_model),
+            ACTIVATIONS[activation](),
+            nn.Dropout(dropout),
+            nn.Linear(expansion * d_model, d_model),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: TransformerConfig, cross_attention: bool = False, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        if cfg.norm not in NORMS:
+            raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
+        self.pre_norm = cfg.norm == "pre"
+
+        def attention():
+            return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention)
+
+        self.self_attn = attention()
+        self.norm_self = nn.LayerNorm(cfg.d_model)
+        self.cross_attn = attention() if cross_attention else None
+        self.norm_cross = nn.LayerNorm(cfg.d_model) if cross_attention else None
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
+        self.norm_ffn = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        positions: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        memory_positions: torch.Tensor | None = None,
+        self_cache=None,
+        cross_cache=None,
+    ) -> torch.Tensor:
+        """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention."""
+        x = self._residual(
+            x, self.norm_self, lambda h: self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
+        )
+        if self.cross_attn is not None:
+            x = self._residual(
+                x,
+                self.norm_cross,
+                lambda h: self.cross_attn(
+                    h,
+                    context=memory,
+                    mask=memory_mask,
+                    positions=positions,
+                    context_positions=memory_positions,
+                    cache=cross_cache,
+                ),
+            )
+        return self._residual(x, self.norm_ffn, self.ffn)
+
+
+class TransformerStack(nn.Module):
+    """`n_layers` blocks; a final LayerNorm when Pre-Norm (Post-Norm blocks already end normalised).
+
+    causal=True makes it a decoder (each step sees only itself and earlier steps);
+    cross_attention=True adds cross-attention to an encoder memory in every block.
+    """
+
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        n_layers: int,
+        causal: bool = False,
+        cross_attention: bool = False,
+        rope: RotaryEmbedding | None = None,
+    ):
+        super().__init__()
+        self.causal = causal
+        self.blocks = nn.ModuleList(TransformerBlock(cfg, cross_attention, rope) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        memory_positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            self_cache, cross_cache = cache.layer(i) if cache is not None else (None, None)
+            x = block(
+                x,
+                mask=mask,
+                causal=self.causal,
+                positions=positions,
+                memory=memory,
+                memory_mask=memory_mask,
+                memory_positions=memory_positions,
+                self_cache=self_cache,
+                cross_cache=cross_cache,
+            )
+        return self.final_norm(x)

@@ -1,0 +1,29 @@
+"""`TransformerConfig`: the hyperparameters every model family shares.
+
+Each family's config (`EncoderOnlyConfig`, `DecoderOnlyConfig`, `EncoderDecoderConfig`) extends it
+with its own input/output sizes and options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TransformerConfig:
+    d_model: int = 64
+    n_heads: int = 4  # d_k = d_model / n_heads
+    n_layers: int = 2
+    ffn_expansion: int = 4  # FFN hidden size = ffn_expansion * d_model
+    activation: str = "gelu"  # "gelu" | "relu"
+    dropout: float = 0.0  # lean default: dropout costs a lot on CPU; raise it for real training
+    norm: str = "pre"  # "pre" (modern default, stable) | "post" (original paper, wants LR warmup)
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "none"
+    max_len: int = 1024  # positions a learned encoding knows; unused by the others
+    rope_base: float = 10000.0
+    fused_attention: bool = True  # F.scaled_dot_product_attention; False = readable reference path
+    bias: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
