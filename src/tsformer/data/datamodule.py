@@ -1,0 +1,368 @@
+"""One LightningDataModule for any tabular time series: table -> checks -> split -> scalers -> windows.
+
+Data flow in `setup`:
+1. read the source (CSV/Parquet path, or a DataFrame such as the simulated plant) and validate it;
+2. split chronologically on the shared time axis: cut-off timestamps `val_start` and `test_start`
+   (explicit, or from the fractions of distinct timestamps), the same calendar time for every series;
+3. fit scalers on the train rows only (one for targets, one for known + observed covariates; the
+   calendar channels are already in [-1, 1] and stay unscaled), transform all rows once;
+4. cut windows by index. A window belongs to the split that holds ALL its target steps (forecast:
+   the M future steps; reconstruction: the N window steps). A val/test forecast window's history
+   may reach back into earlier splits, as in the usual ETT protocol: the past is known at forecast
+   time. Windows never span a gap (see `schema.find_segments`).
+
+Validation and test loaders neither shuffle nor drop the last batch: every window is evaluated once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from pandas.tseries.frequencies import to_offset
+from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardScaler
+from torch.utils.data import DataLoader
+
+from tsformer.data.calendar import calendar_feature_names, calendar_features
+from tsformer.data.schema import (
+    DataValidationError,
+    SeriesSchema,
+    describe_row,
+    find_segments,
+    fixed_step,
+    resolve_freq,
+    series_ids,
+)
+from tsformer.data.sources import load_table
+from tsformer.data.windows import WindowDataset, target_span, window_starts
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+def make_scaler(kind: str):
+    """A fresh scikit-learn scaler: 'standard' (zero mean, unit variance), 'minmax' ([0, 1]) or 'none'."""
+    if kind == "standard":
+        return StandardScaler()
+    if kind == "minmax":
+        return MinMaxScaler()
+    if kind == "none":
+        return FunctionTransformer()  # identity, with the same fit/transform/inverse_transform API
+    raise ValueError(f"unknown scaler {kind!r}; choose 'standard', 'minmax' or 'none'")
+
+
+class TimeSeriesDataModule(L.LightningDataModule):
+    """Windows of a tabular time series for the three model families (see the module docstring).
+
+    `horizon` = 0 gives reconstruction windows (the N steps are the target), `horizon` > 0 forecast
+    windows (N history steps, M future steps).
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        target_cols: list[str],
+        context_len: int,
+        horizon: int,
+        name: str = "data",
+        time_col: str = "time",
+        known_cols: list[str] = (),
+        observed_cols: list[str] = (),
+        series_col: str | None = None,
+        freq: str | None = None,
+        calendar_features: list[str] = (),
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        val_start=None,
+        test_start=None,
+        scaler: str = "standard",
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        train_stride: int = 1,
+        eval_stride: int = 1,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.source = source
+        self.name = name
+        self.schema = SeriesSchema(
+            time_col=time_col,
+            target_cols=target_cols,
+            known_cols=known_cols,
+            observed_cols=observed_cols,
+            series_col=series_col,
+            freq=freq,
+        )
+        self.calendar = [str(f) for f in calendar_features]
+        self.context_len, self.horizon = int(context_len), int(horizon)
+        if self.context_len < 1 or self.horizon < 0:
+            raise ValueError(f"need context_len >= 1 and horizon >= 0, got {context_len} and {horizon}")
+        self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
+        self.val_start, self.test_start = val_start, test_start
+        make_scaler(scaler)  # fail now on a typo, not after reading the data
+        self.scaler_kind = scaler
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
+        self.train_stride, self.eval_stride = int(train_stride), int(eval_stride)
+        self.num_workers, self.seed = int(num_workers), int(seed)
+
+        self.target_scaler = None
+        self.covariate_scaler = None  # None when there are no known/observed columns
+        self.frame: pd.DataFrame | None = None  # validated table, sorted by (series, time)
+        self.datasets: dict[str, WindowDataset] = {}
+        self._freq = None
+
+    # -- names and sizes (available before setup) ---------------------------------------------------
+
+    @property
+    def target_names(self) -> list[str]:
+        return list(self.schema.target_cols)
+
+    @property
+    def known_names(self) -> list[str]:
+        """Known-future channels: known_cols, then the calendar sin/cos columns."""
+        return [*self.schema.known_cols, *calendar_feature_names(self.calendar)]
+
+    @property
+    def observed_names(self) -> list[str]:
+        return list(self.schema.observed_cols)
+
+    @property
+    def d_target(self) -> int:
+        return len(self.target_names)
+
+    @property
+    def d_known(self) -> int:
+        return len(self.known_names)
+
+    @property
+    def d_observed(self) -> int:
+        return len(self.observed_names)
+
+    @property
+    def freq(self) -> pd.DateOffset:
+        """Sampling frequency as a pandas offset (inferred at setup when not given)."""
+        if self._freq is None:
+            if self.schema.freq is None:
+                raise RuntimeError("freq is inferred from the data: call setup() first")
+            return to_offset(self.schema.freq)
+        return self._freq
+
+    @property
+    def source_name(self) -> str:
+        """How error messages refer to the data: the file path, or the data set name for a DataFrame."""
+        if isinstance(self.source, pd.DataFrame):
+            return f"{self.name} (in-memory table)"
+        return str(self.source)
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        """Validate, split, fit scalers on train rows, build the three window datasets. Idempotent."""
+        if self.datasets:
+            return
+        source = self.source_name
+        raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source)
+        clean = self.schema.validate(raw, source)
+        self._freq = resolve_freq(clean, self.schema, source)
+        step = fixed_step(self._freq, source)
+        segments = find_segments(clean, self.schema, step, source)
+
+        times = clean[self.schema.time_col].to_numpy()  # (rows,) datetime64[ns]
+        cutoffs = self._cutoffs(times, step)
+        split_of_row = np.searchsorted(cutoffs[1:3], times, side="right")  # 0 train, 1 val, 2 test
+        rows_per_split = {s: int((split_of_row == i).sum()) for i, s in enumerate(SPLITS)}
+        if rows_per_split["train"] == 0:
+            raise DataValidationError(
+                f"{source}: the train split is empty (every {self.schema.time_col} is after "
+                f"val_start={pd.Timestamp(cutoffs[1])}); move val_start or lower the fractions"
+            )
+
+        target, known, observed = self._scale(clean, times, split_of_row == 0)
+        self.frame = clean
+        self._times = times
+        self._series = series_ids(clean, self.schema)
+
+        datasets = {}
+        for i, split in enumerate(SPLITS):
+            stride = self.train_stride if split == "train" else self.eval_stride
+            starts = self._split_window_starts(segments, times, cutoffs[i], cutoffs[i + 1], stride)
+            if len(starts) == 0:
+                raise self._no_window_error(source, split, split_of_row == i, clean)
+            datasets[split] = WindowDataset(target, known, observed, starts, self.context_len, self.horizon)
+        self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
+
+        log.info(
+            "%s: %d series, freq %s, cut-offs val_start=%s test_start=%s",
+            source,
+            len(np.unique(self._series)),
+            self._freq.freqstr,
+            pd.Timestamp(cutoffs[1]),
+            pd.Timestamp(cutoffs[2]),
+        )
+        for split in SPLITS:
+            log.info(
+                "%s: %-5s %8d rows %8d windows", source, split, rows_per_split[split], self.n_windows(split)
+            )
+
+    def _split_window_starts(self, segments, times, cut_lo, cut_hi, stride) -> np.ndarray:
+        """Start rows of the windows whose targets lie in [cut_lo, cut_hi), segment after segment."""
+        starts = []
+        for seg in segments.itertuples():
+            # rows of this segment inside the split (times are sorted within a segment)
+            split_rows = seg.start + np.searchsorted(times[seg.start : seg.stop], [cut_lo, cut_hi])
+            starts.append(
+                window_starts(
+                    (seg.start, seg.stop), tuple(split_rows), self.context_len, self.horizon, stride
+                )
+            )
+        return np.concatenate(starts)
+
+    def _cutoffs(self, times: np.ndarray, step: pd.Timedelta) -> np.ndarray:
+        """[first time, val_start, test_start, after the last time] as datetime64[ns].
+
+        Split k holds the times in [cutoffs[k], cutoffs[k + 1]); explicit timestamps win over fractions.
+        """
+        distinct = np.unique(times)
+        after_end = distinct[-1] + step.to_timedelta64()
+
+        def from_fraction(fraction_after: float):
+            i = round(len(distinct) * (1.0 - fraction_after))
+            return distinct[i] if i < len(distinct) else after_end
+
+        val = (
+            self.val_start
+            if self.val_start is not None
+            else from_fraction(self.val_fraction + self.test_fraction)
+        )
+        test = self.test_start if self.test_start is not None else from_fraction(self.test_fraction)
+        val, test = np.datetime64(pd.Timestamp(val), "ns"), np.datetime64(pd.Timestamp(test), "ns")
+        if test < val:
+            raise ValueError(f"test_start {pd.Timestamp(test)} is before val_start {pd.Timestamp(val)}")
+        return np.array([distinct[0], val, test, after_end], dtype="datetime64[ns]")
+
+    def _scale(self, clean: pd.DataFrame, times: np.ndarray, is_train: np.ndarray):
+        """Fit the scalers on train rows, transform every row; returns float32 (rows, D) arrays."""
+        covariate_cols = [*self.schema.known_cols, *self.schema.observed_cols]
+        target_values = clean[self.schema.target_cols].to_numpy(dtype=np.float64)  # (rows, Dy)
+        self.target_scaler = make_scaler(self.scaler_kind).fit(target_values[is_train])
+        target = self.target_scaler.transform(target_values)
+
+        covariates = clean[covariate_cols].to_numpy(dtype=np.float64)  # (rows, Dk + Do)
+        if covariate_cols:
+            self.covariate_scaler = make_scaler(self.scaler_kind).fit(covariates[is_train])
+            covariates = self.covariate_scaler.transform(covariates)
+        n_known = len(self.schema.known_cols)
+        known, observed = covariates[:, :n_known], covariates[:, n_known:]
+        if self.calendar:
+            known = np.hstack([known, calendar_features(times, self.calendar).to_numpy()])  # (rows, Dk)
+
+        def as_f32(a):
+            return np.ascontiguousarray(a, dtype=np.float32)
+
+        return as_f32(target), as_f32(known), as_f32(observed)
+
+    def _no_window_error(self, source, split, in_split: np.ndarray, clean) -> DataValidationError:
+        offset, n_target = target_span(self.context_len, self.horizon)
+        n_rows = int(in_split.sum())
+        where = ""
+        if n_rows:
+            rows = clean.index[in_split]  # row numbers in the file
+            most = np.unique(self._series[in_split], return_counts=True)[1].max()
+            where = f" (at most {most} in one series), from {describe_row(source, int(rows[0]))}"
+        need = (
+            f"{n_target} target rows inside the split plus {offset} history rows before them"
+            if self.horizon > 0
+            else f"{n_target} rows inside the split"
+        )
+        return DataValidationError(
+            f"{source}: split '{split}' (column '{self.schema.time_col}') has no complete window: "
+            f"it has {n_rows} row(s){where}, and one window (context_len={self.context_len}, "
+            f"horizon={self.horizon}) needs {need}, all in one gap-free run of a series"
+        )
+
+    # -- loaders ----------------------------------------------------------------------------------
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        self.setup()
+        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size if split == "train" else self.eval_batch_size,
+            shuffle=shuffle,
+            drop_last=False,  # every val/test window is evaluated
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            generator=generator,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    # -- windows and units, for the task and the CSV export -----------------------------------------
+
+    def _dataset(self, split: str) -> WindowDataset:
+        if split not in SPLITS:
+            raise KeyError(f"unknown split {split!r}; choose from {SPLITS}")
+        self.setup()
+        return self.datasets[split]
+
+    def n_windows(self, split: str) -> int:
+        return len(self._dataset(split))
+
+    def window_info(self, split: str) -> pd.DataFrame:
+        """One row per window in dataset order: `window`, `series_id`, `origin_time`.
+
+        origin_time is the last history step for forecasts, the window start for reconstruction.
+        """
+        dataset = self._dataset(split)
+        origins = dataset.origin_rows()
+        return pd.DataFrame(
+            {
+                "window": np.arange(len(dataset)),
+                "series_id": self._series[origins],
+                "origin_time": self._times[origins],
+            }
+        )
+
+    def target_times(self, split: str) -> np.ndarray:
+        """Timestamps of the target steps, (W, T_out) datetime64[ns]; = origin_time + step * freq with
+        step 1..M (forecast) or 0..N-1 (reconstruction), since windows never span a gap."""
+        return self._times[self._dataset(split).target_rows()]  # (W, T_out)
+
+    def transform_target(self, values):
+        """Original units -> scaled, for numpy arrays or tensors shaped (..., Dy)."""
+        return self._apply_target_scaler(values, inverse=False)
+
+    def inverse_transform_target(self, values):
+        """Scaled -> original units, for numpy arrays or tensors shaped (..., Dy)."""
+        return self._apply_target_scaler(values, inverse=True)
+
+    def _apply_target_scaler(self, values, inverse: bool):
+        self.setup()
+        is_tensor = torch.is_tensor(values)
+        array = values.detach().cpu().numpy() if is_tensor else np.asarray(values)
+        if array.shape[-1] != self.d_target:
+            raise ValueError(f"last dimension must be d_target={self.d_target}, got shape {array.shape}")
+        flat = array.reshape(-1, self.d_target).astype(np.float64)  # (..., Dy) -> (rows, Dy)
+        if len(flat):
+            scaler = self.target_scaler
+            flat = scaler.inverse_transform(flat) if inverse else scaler.transform(flat)
+        out = flat.reshape(array.shape)  # (rows, Dy) -> (..., Dy)
+        if is_tensor:
+            return torch.as_tensor(out, dtype=values.dtype, device=values.device)
+        return out.astype(array.dtype) if array.dtype.kind == "f" else out

@@ -1,0 +1,288 @@
+"""Column roles of a tabular time series, and the checks that turn a raw table into a clean one.
+
+Every later stage (split, scalers, windows) assumes a table that is sorted, regular in time and fully
+numeric. Rather than let a bad cell surface as a NaN loss three epochs later, `SeriesSchema.validate`
+refuses it up front with a message that says where to look: the source (file path or generator
+name), the column, the row as counted in the file (for CSV also the line number, row + 2, since line 1
+is the header), the series and the timestamp.
+
+Roles of the columns:
+- target_cols:   what the model predicts (or reconstructs).
+- known_cols:    covariates known in advance for the future too (weather forecast, set-points).
+- observed_cols: covariates only measured, so known for the past only.
+- series_col:    identifies several series stacked in long format (optional).
+
+Gaps are not errors: consecutive timestamps further apart than the frequency split a series into
+contiguous segments (`find_segments`), and windows are cut inside segments only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from pandas.tseries.frequencies import to_offset
+
+log = logging.getLogger(__name__)
+
+SINGLE_SERIES_ID = 0  # series id used when the table holds one series (no series_col)
+
+
+class DataValidationError(ValueError):
+    """Input data that cannot be used as is; the message names source, column, row, series and time."""
+
+
+def _is_csv(source: str) -> bool:
+    return str(source).lower().endswith(".csv")
+
+
+def describe_row(source: str, row: int) -> str:
+    """'row 17 (line 19)' for CSV files, where the header is line 1; 'row 17' otherwise."""
+    return f"row {row} (line {row + 2})" if _is_csv(source) else f"row {row}"
+
+
+def _where(source, column=None, row=None, series=None, time=None) -> str:
+    parts = []
+    if column is not None:
+        parts.append(f"column '{column}'")
+    if row is not None:
+        parts.append(describe_row(source, int(row)))
+    if series is not None:
+        parts.append(f"series {series!r}")
+    if time is not None:
+        parts.append(f"time {pd.Timestamp(time)}")
+    return ", ".join(parts)
+
+
+@dataclass(kw_only=True)
+class SeriesSchema:
+    """Which column plays which role, and the sampling frequency (inferred from the data when None)."""
+
+    time_col: str = "time"
+    target_cols: list[str]
+    known_cols: list[str] = field(default_factory=list)
+    observed_cols: list[str] = field(default_factory=list)
+    series_col: str | None = None
+    freq: str | None = None
+
+    def __post_init__(self):
+        # Hydra hands over ListConfig objects and may hand over a single string: normalise to lists.
+        def as_list(cols):
+            return [cols] if isinstance(cols, str) else [str(c) for c in (cols or [])]
+
+        self.target_cols = as_list(self.target_cols)
+        self.known_cols = as_list(self.known_cols)
+        self.observed_cols = as_list(self.observed_cols)
+        if not self.target_cols:
+            raise DataValidationError("SeriesSchema needs at least one target column")
+        used = [self.time_col, *self.value_cols] + ([self.series_col] if self.series_col else [])
+        repeated = sorted({c for c in used if used.count(c) > 1})
+        if repeated:
+            raise DataValidationError(f"columns given more than one role: {repeated}")
+
+    @property
+    def value_cols(self) -> list[str]:
+        """Numeric columns in a fixed order: targets, then known, then observed covariates."""
+        return [*self.target_cols, *self.known_cols, *self.observed_cols]
+
+    def validate(self, df: pd.DataFrame, source: str) -> pd.DataFrame:
+        """Check `df` and return a clean copy sorted by (series, time).
+
+        The returned frame keeps the original row number (position in the file) as its index, so that
+        later errors can still point at the file. Times become datetime64[ns] (timezone-aware times
+        are converted to naive UTC), value columns float64.
+        """
+        source = str(source)
+        df = df.reset_index(drop=True)  # index = data row number as in the file
+        self._check_columns_exist(df, source)
+        if len(df) == 0:
+            raise DataValidationError(f"{source}: the table has no data rows")
+
+        series = self._series_ids(df, source)
+        times = self._parse_times(df, source, series)
+        clean = pd.DataFrame(index=df.index)
+        if self.series_col:
+            clean[self.series_col] = series
+        clean[self.time_col] = times
+        for col in self.value_cols:
+            clean[col] = self._parse_numeric(df[col], col, source, series, times)
+
+        self._check_time_order(clean, source)
+        sort_keys = [self.series_col, self.time_col] if self.series_col else [self.time_col]
+        return clean.sort_values(sort_keys, kind="stable")
+
+    # -- the individual checks -------------------------------------------------------------------
+
+    def _check_columns_exist(self, df, source):
+        required = [self.time_col, *self.value_cols] + ([self.series_col] if self.series_col else [])
+        missing = [c for c in required if c not in df.columns]
+        if missing:
+            raise DataValidationError(
+                f"{source}: missing column(s) {missing}; the columns present are {list(df.columns)}"
+            )
+
+    def _series_ids(self, df, source) -> pd.Series:
+        if not self.series_col:
+            return pd.Series(SINGLE_SERIES_ID, index=df.index)
+        ids = df[self.series_col]
+        empty = ids.isna().to_numpy()
+        if empty.any():
+            row = int(np.flatnonzero(empty)[0])
+            raise DataValidationError(
+                f"{source}: {int(empty.sum())} empty series id(s); first at "
+                f"{_where(source, self.series_col, row)}"
+            )
+        return ids
+
+    def _parse_times(self, df, source, series) -> pd.Series:
+        raw = df[self.time_col]
+        try:
+            times = pd.to_datetime(raw, errors="coerce")
+        except (ValueError, TypeError) as err:  # e.g. mixed timezone offsets
+            raise DataValidationError(
+                f"{source}: column '{self.time_col}' cannot be read as times: {err}"
+            ) from err
+        if getattr(times.dt, "tz", None) is not None:
+            log.info("%s: timezone-aware times converted to naive UTC", source)
+            times = times.dt.tz_convert("UTC").dt.tz_localize(None)
+        bad = times.isna().to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = raw.iloc[row]
+            what = "empty time" if pd.isna(value) else f"unparseable time {value!r}"
+            raise DataValidationError(
+                f"{source}: {what} at {_where(source, self.time_col, row, self._sid(series, row))}"
+                f" ({int(bad.sum())} bad time cell(s) in total)"
+            )
+        return times.astype("datetime64[ns]")
+
+    def _parse_numeric(self, raw: pd.Series, col, source, series, times) -> pd.Series:
+        values = pd.to_numeric(raw, errors="coerce").astype("float64")
+        missing = raw.isna().to_numpy()
+        if missing.any():
+            row = int(np.flatnonzero(missing)[0])
+            raise DataValidationError(
+                f"{source}: empty/NaN cell at {_where(source, col, row, self._sid(series, row), times[row])}"
+                f" ({int(missing.sum())} empty cell(s) in this column)"
+            )
+        not_numeric = values.isna().to_numpy()
+        if not_numeric.any():
+            row = int(np.flatnonzero(not_numeric)[0])
+            raise DataValidationError(
+                f"{source}: non-numeric value {raw.iloc[row]!r} at "
+                f"{_where(source, col, row, self._sid(series, row), times[row])}"
+                f" ({int(not_numeric.sum())} such cell(s) in this column)"
+            )
+        infinite = ~np.isfinite(values.to_numpy())
+        if infinite.any():
+            row = int(np.flatnonzero(infinite)[0])
+            raise DataValidationError(
+                f"{source}: infinite value {raw.iloc[row]!r} at "
+                f"{_where(source, col, row, self._sid(series, row), times[row])}"
+            )
+        return values
+
+    def _check_time_order(self, clean, source):
+        """Within each series timestamps must be unique and increasing in file order."""
+        keys = [self.series_col, self.time_col] if self.series_col else [self.time_col]
+        duplicated = clean.duplicated(keys, keep="first").to_numpy()
+        if duplicated.any():
+            row = int(clean.index[np.flatnonzero(duplicated)[0]])
+            sid = clean[self.series_col].loc[row] if self.series_col else None
+            time = clean[self.time_col].loc[row]
+            same = clean[self.time_col] == time
+            if self.series_col:
+                same &= clean[self.series_col] == sid
+            first_row = int(clean.index[same.to_numpy()][0])
+            raise DataValidationError(
+                f"{source}: duplicate timestamp at {_where(source, self.time_col, row, sid, time)}; "
+                f"the same time already appears at {describe_row(source, first_row)}"
+                f" ({int(duplicated.sum())} duplicate(s) in total)"
+            )
+        groups = clean.groupby(self.series_col, sort=False) if self.series_col else [(None, clean)]
+        for sid, group in groups:
+            t = group[self.time_col].to_numpy()
+            backwards = np.flatnonzero(t[1:] < t[:-1])
+            if backwards.size:
+                row = int(group.index[backwards[0] + 1])
+                before = int(group.index[backwards[0]])
+                raise DataValidationError(
+                    f"{source}: unsorted timestamps at {_where(source, self.time_col, row, sid, t[backwards[0] + 1])}"
+                    f": earlier than {pd.Timestamp(t[backwards[0]])} at {describe_row(source, before)}"
+                    " (sort the table by time within each series)"
+                )
+
+    def _sid(self, series: pd.Series, row: int):
+        return series.iloc[row] if self.series_col else None
+
+
+def series_ids(clean: pd.DataFrame, schema: SeriesSchema) -> np.ndarray:
+    """Series id of every row of a validated frame (SINGLE_SERIES_ID when there is no series column)."""
+    if schema.series_col:
+        return clean[schema.series_col].to_numpy()
+    return np.full(len(clean), SINGLE_SERIES_ID)
+
+
+def resolve_freq(clean: pd.DataFrame, schema: SeriesSchema, source: str) -> pd.DateOffset:
+    """The sampling step: `schema.freq` when given, else the most common step between rows.
+
+    Steps shorter than the frequency mean the data are not on one regular grid: that is an error,
+    because a window of N rows would then not cover N time steps.
+    """
+    times = clean[schema.time_col].to_numpy()
+    ids = series_ids(clean, schema)
+    same_series = ids[1:] == ids[:-1]
+    steps = (times[1:] - times[:-1])[same_series]
+    if schema.freq is not None:
+        offset = to_offset(schema.freq)
+    elif steps.size:
+        values, counts = np.unique(steps, return_counts=True)
+        offset = to_offset(pd.Timedelta(values[np.argmax(counts)]))
+    else:
+        raise DataValidationError(f"{source}: cannot infer the frequency from one row per series; set freq")
+    step = fixed_step(offset, source)
+    too_short = np.flatnonzero(steps < step)
+    if too_short.size:
+        pos = int(np.flatnonzero(same_series)[too_short[0]]) + 1
+        row = int(clean.index[pos])
+        raise DataValidationError(
+            f"{source}: timestamps closer than the frequency {offset.freqstr} at "
+            f"{_where(source, schema.time_col, row, ids[pos] if schema.series_col else None, times[pos])}"
+            " (resample the data to a regular grid, or set freq)"
+        )
+    return offset
+
+
+def fixed_step(offset: pd.DateOffset, source: str = "data") -> pd.Timedelta:
+    """The offset as a fixed duration; calendar offsets like month ends have none."""
+    try:
+        return pd.Timedelta(offset)
+    except (ValueError, TypeError) as err:
+        raise DataValidationError(
+            f"{source}: frequency {offset.freqstr!r} has no fixed length; use one like 'h', '10min', 's'"
+        ) from err
+
+
+def find_segments(clean: pd.DataFrame, schema: SeriesSchema, step: pd.Timedelta, source: str) -> pd.DataFrame:
+    """Contiguous runs of rows: a new segment starts with each series and after each gap.
+
+    Returns one row per segment: `series_id`, `start`, `stop` (positions in `clean`, stop exclusive).
+    Nothing is dropped; the number of gaps is logged so that a user sees what the windows skip.
+    """
+    times = clean[schema.time_col].to_numpy()
+    ids = series_ids(clean, schema)
+    new_series = np.r_[True, ids[1:] != ids[:-1]]
+    gap = np.r_[False, (times[1:] - times[:-1]) != step.to_timedelta64()] & ~new_series
+    starts = np.flatnonzero(new_series | gap)
+    stops = np.r_[starts[1:], len(clean)]
+    if gap.any():
+        log.info(
+            "%s: %d gap(s) longer than %s found; series split into %d contiguous segment(s)",
+            source,
+            int(gap.sum()),
+            step,
+            len(starts),
+        )
+    return pd.DataFrame({"series_id": ids[starts], "start": starts, "stop": stops})

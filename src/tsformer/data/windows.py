@@ -1,0 +1,89 @@
+"""Windows cut by index: a window is just the row where it starts.
+
+All series are stored once, concatenated along time, as float32 tensors (rows, D). A window of
+`context_len` N history steps and `horizon` M future steps starting at row s covers rows [s, s + N + M);
+`__getitem__` returns views of those rows, so building a dataset of a million windows costs a million
+integers, not a million copies of the data (the batch is only materialised by the DataLoader's collate).
+
+Two kinds of window share this class:
+- forecast (M > 0): the targets are the M future steps [s + N, s + N + M);
+- reconstruction (M = 0): the N steps of the window are themselves the target, fut_* are (0, D).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+def target_span(context_len: int, horizon: int) -> tuple[int, int]:
+    """(offset of the first target step from the window start, number of target steps)."""
+    return (context_len, horizon) if horizon > 0 else (0, context_len)
+
+
+def window_starts(
+    segment: tuple[int, int],
+    split_rows: tuple[int, int],
+    context_len: int,
+    horizon: int,
+    stride: int = 1,
+) -> np.ndarray:
+    """Start rows of the windows inside one contiguous segment whose targets all lie in one split.
+
+    `segment` = [start, stop) rows without gaps; `split_rows` = [lo, hi) rows of this series that
+    belong to the split. The whole window must fit in the segment, its target steps in the split;
+    the history may reach back before `lo` (the past is known at forecast time). Stride counts from
+    the first valid window of the segment.
+    """
+    offset, n_target = target_span(context_len, horizon)
+    first = max(segment[0], split_rows[0] - offset)
+    last = min(segment[1] - context_len - horizon, split_rows[1] - offset - n_target)
+    if last < first:
+        return np.empty(0, dtype=np.int64)
+    return np.arange(first, last + 1, stride, dtype=np.int64)
+
+
+class WindowDataset(Dataset):
+    """Windows over shared arrays; an item is a dict of float32 tensors plus the window's index.
+
+    Item shapes: hist_target (N, Dy), hist_known (N, Dk), hist_observed (N, Do),
+    fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), window () int64.
+    """
+
+    def __init__(self, target, known, observed, starts, context_len: int, horizon: int):
+        # torch.as_tensor shares memory with a float32 numpy array: nothing is copied here
+        self.target = torch.as_tensor(target, dtype=torch.float32)  # (rows, Dy)
+        self.known = torch.as_tensor(known, dtype=torch.float32)  # (rows, Dk)
+        self.observed = torch.as_tensor(observed, dtype=torch.float32)  # (rows, Do)
+        self.starts = np.asarray(starts, dtype=np.int64)  # (W,)
+        self.context_len = int(context_len)
+        self.horizon = int(horizon)
+        if self.context_len < 1 or self.horizon < 0:
+            raise ValueError(f"need context_len >= 1 and horizon >= 0, got {context_len}, {horizon}")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        start = int(self.starts[i])
+        hist = slice(start, start + self.context_len)
+        fut = slice(start + self.context_len, start + self.context_len + self.horizon)
+        return {
+            "hist_target": self.target[hist],
+            "hist_known": self.known[hist],
+            "hist_observed": self.observed[hist],
+            "fut_target": self.target[fut],
+            "fut_known": self.known[fut],
+            "fut_observed": self.observed[fut],
+            "window": torch.tensor(i, dtype=torch.int64),
+        }
+
+    def target_rows(self) -> np.ndarray:
+        """Row of every target step of every window, (W, T_out): T_out = M, or N for reconstruction."""
+        offset, n_target = target_span(self.context_len, self.horizon)
+        return self.starts[:, None] + offset + np.arange(n_target)[None, :]  # (W, T_out)
+
+    def origin_rows(self) -> np.ndarray:
+        """Row of each window's origin, (W,): last history step (forecast) or window start."""
+        return self.starts + (self.context_len - 1 if self.horizon > 0 else 0)

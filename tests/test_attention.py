@@ -1,0 +1,119 @@
+"""Attention: the reference path, the fused path and PyTorch's own MultiheadAttention agree."""
+
+import pytest
+import torch
+from torch import nn
+
+from tsformer.nn.attention import MultiHeadAttention, record_attention, scaled_dot_product_attention
+from tsformer.nn.masks import causal_mask, combine_masks, lengths_to_valid, padding_mask
+
+B, H, DH = 3, 4, 8
+
+
+def qkv(n_q, n_k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, n_q, DH, generator=g), torch.randn(B, H, n_k, DH, generator=g), torch.randn(B, H, n_k, DH, generator=g))
+
+
+def masks_for(n_q, n_k):
+    valid = lengths_to_valid(torch.tensor([n_k, n_k - 2, 1]), n_k)
+    return {
+        "none": (None, False),
+        "causal": (None, True),
+        "padding": (padding_mask(valid), False),
+        "causal+padding": (padding_mask(valid), True),
+    }
+
+
+@pytest.mark.parametrize("n_q,n_k", [(6, 6), (1, 9), (4, 9)])
+@pytest.mark.parametrize("kind", ["none", "causal", "padding", "causal+padding"])
+def test_reference_and_fused_agree(n_q, n_k, kind):
+    q, k, v = qkv(n_q, n_k)
+    mask, causal = masks_for(n_q, n_k)[kind]
+    fused, _ = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, fused=True)
+    ref, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, fused=False, return_weights=True)
+    assert torch.allclose(fused, ref, atol=1e-5), (fused - ref).abs().max()
+    assert weights.shape == (B, H, n_q, n_k)
+    assert torch.allclose(weights.sum(-1), torch.ones(B, H, n_q), atol=1e-5)
+
+
+def test_reference_matches_the_formula():
+    q, k, v = qkv(5, 7)
+    expected = torch.softmax(q @ k.transpose(-2, -1) / DH**0.5, dim=-1) @ v
+    out, _ = scaled_dot_product_attention(q, k, v, fused=False)
+    assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_causal_weights_are_zero_above_the_diagonal():
+    q, k, v = qkv(5, 5)
+    _, w = scaled_dot_product_attention(q, k, v, causal=True, fused=False, return_weights=True)
+    upper = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)
+    assert w[..., upper].abs().max() == 0
+    assert w[..., ~upper].min() > 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fully_masked_row_is_zero_not_nan(fused):
+    q, k, v = qkv(4, 6)
+    mask = torch.ones(B, 1, 4, 6, dtype=torch.bool)
+    mask[0, :, 2] = False  # query 2 of sample 0 may attend nowhere
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, fused=fused)
+    assert not torch.isnan(out).any()
+    assert out[0, :, 2].abs().max() == 0
+    assert out[0, :, 1].abs().max() > 0
+    # a padded batch whose first query sees only padding under a causal mask (left padding)
+    valid = torch.tensor([[False, False, True, True, True, True]] * B)
+    out, _ = scaled_dot_product_attention(*qkv(6, 6), mask=padding_mask(valid), causal=True, fused=fused)
+    assert not torch.isnan(out).any() and out[:, :, :2].abs().max() == 0
+
+
+def test_masks_follow_the_may_attend_convention():
+    m = causal_mask(3, 5)  # three newest queries of five positions
+    assert m.tolist() == [[True, True, True, False, False], [True, True, True, True, False], [True] * 5]
+    valid = lengths_to_valid(torch.tensor([2, 3]), 3)
+    assert padding_mask(valid).shape == (2, 1, 1, 3)
+    both = combine_masks(padding_mask(valid), causal_mask(3))
+    assert both.shape == (2, 1, 3, 3)
+    assert both[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+    assert combine_masks(None, None) is None
+    with pytest.raises(TypeError):
+        padding_mask(torch.ones(2, 3))
+
+
+def copy_into_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multi_head_attention_matches_torch(fused):
+    torch.manual_seed(0)
+    d_model, n_heads, n_q, n_k = 32, 4, 5, 7
+    ours = MultiHeadAttention(d_model, n_heads, fused=fused).eval()
+    ref = copy_into_torch_mha(ours, d_model, n_heads)
+    x, ctx = torch.randn(2, n_q, d_model), torch.randn(2, n_k, d_model)
+    # self-attention with a causal mask (torch: True = NOT allowed)
+    expected, _ = ref(x, x, x, attn_mask=~causal_mask(n_q))
+    assert torch.allclose(ours(x, causal=True), expected, atol=1e-5)
+    # cross-attention with key padding
+    valid = lengths_to_valid(torch.tensor([n_k, 4]), n_k)
+    expected, _ = ref(x, ctx, ctx, key_padding_mask=~valid)
+    assert torch.allclose(ours(x, context=ctx, mask=padding_mask(valid)), expected, atol=1e-5)
+
+
+def test_record_attention_keeps_weights_and_switches_back():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    plain = mha(x, causal=True)
+    with record_attention(mha) as layers:
+        recorded = mha(x, causal=True)
+    assert layers == [mha]
+    assert torch.allclose(plain, recorded, atol=1e-5)
+    assert mha.last_weights.shape == (2, 2, 5, 5)
+    assert not mha.record_weights

@@ -1,0 +1,250 @@
+"""The three families: causality, padding, cached == uncached generation, and that they learn."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tsformer.models import (
+    DecoderOnly,
+    DecoderOnlyConfig,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    EncoderOnly,
+    EncoderOnlyConfig,
+)
+from tsformer.nn.masks import lengths_to_valid
+
+TINY = dict(d_model=32, n_heads=4, n_layers=2)
+POSITIONALS = ["sinusoidal", "learned", "rope", "none"]
+NORMS = ["pre", "post"]
+
+
+def dec_only(positional="sinusoidal", norm="pre", **kw):
+    torch.manual_seed(0)
+    cfg = DecoderOnlyConfig(d_target=2, d_known=3, positional=positional, norm=norm, max_len=64, **TINY, **kw)
+    return DecoderOnly(cfg).eval()
+
+
+def enc_dec(positional="sinusoidal", norm="pre", **kw):
+    torch.manual_seed(0)
+    cfg = EncoderDecoderConfig(d_enc_in=5, d_target=2, d_known=3, positional=positional, norm=norm, max_len=64, **TINY, **kw)
+    return EncoderDecoder(cfg).eval()
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_decoder_only_is_causal(positional, norm):
+    model = dec_only(positional, norm)
+    y, k = torch.randn(2, 16, 2), torch.randn(2, 16, 3)
+    t = 9
+    y2, k2 = y.clone(), k.clone()
+    y2[:, t + 1 :] += 5.0
+    k2[:, t + 1 :] -= 3.0
+    with torch.no_grad():
+        a, b = model(y, k), model(y2, k2)
+    assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() <= 1e-6
+    assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 1e-3  # the change is seen where allowed
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("norm", NORMS)
+def test_encoder_decoder_decoder_is_causal(positional, norm):
+    model = enc_dec(positional, norm)
+    hist, last = torch.randn(2, 12, 5), torch.randn(2, 2)
+    fut_y, fut_k = torch.randn(2, 10, 2), torch.randn(2, 10, 3)
+    t = 4
+    fut_y2, fut_k2 = fut_y.clone(), fut_k.clone()
+    fut_y2[:, t:] += 5.0  # decoder input of step t+1 onwards is fut_y[t]
+    fut_k2[:, t + 1 :] -= 3.0
+    with torch.no_grad():
+        a = model(hist, last, fut_y, fut_k)
+        b = model(hist, last, fut_y2, fut_k2)
+    assert (a[:, : t + 1] - b[:, : t + 1]).abs().max() <= 1e-6
+    assert (a[:, t + 1 :] - b[:, t + 1 :]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_padding_leaves_real_steps_unchanged(positional):
+    torch.manual_seed(0)
+    n, pad = 10, 6
+    x = torch.randn(2, n, 3)
+    padded = torch.cat([x, 100 * torch.randn(2, pad, 3)], dim=1)  # junk on the padded steps
+    valid = lengths_to_valid(torch.tensor([n, n]), n + pad)
+    enc = EncoderOnly(EncoderOnlyConfig(d_in=3, d_out=2, positional=positional, **TINY)).eval()
+    with torch.no_grad():
+        assert (enc(x) - enc(padded, valid)[:, :n]).abs().max() <= 1e-5
+        assert (enc(x) - enc(padded)[:, :n]).abs().max() > 1e-3  # without the mask it does change
+    pooled = EncoderOnly(EncoderOnlyConfig(d_in=3, head="classification", pooling="mean", positional=positional, **TINY)).eval()
+    with torch.no_grad():
+        assert (pooled(x) - pooled(padded, valid)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("positional", ["rope", "none"])
+def test_encoder_decoder_left_padded_history(positional):
+    """Histories of different lengths are padded on the LEFT, so that the future stays right after
+    the last real step on the shared time axis. With relative (RoPE) or no positions, the padding
+    under its mask leaves the forecast unchanged. (Absolute encodings number the steps from the
+    start of the padded window, so there the padding moves the real steps to other positions.)"""
+    model = enc_dec(positional)
+    torch.manual_seed(1)
+    n, pad = 10, 4
+    hist = torch.randn(2, n, 5)
+    hist_padded = torch.cat([100 * torch.randn(2, pad, 5), hist], dim=1)
+    valid = torch.cat([torch.zeros(2, pad, dtype=torch.bool), torch.ones(2, n, dtype=torch.bool)], dim=1)
+    last, fut_y, fut_k = torch.randn(2, 2), torch.randn(2, 4, 2), torch.randn(2, 4, 3)
+    with torch.no_grad():
+        assert (model.generate(hist, last, fut_k) - model.generate(hist_padded, last, fut_k, hist_valid=valid)).abs().max() <= 1e-5
+        assert (model(hist, last, fut_y, fut_k) - model(hist_padded, last, fut_y, fut_k, valid)).abs().max() <= 1e-5
+        assert (model(hist, last, fut_y, fut_k) - model(hist_padded, last, fut_y, fut_k)).abs().max() > 1e-3
+
+
+CASES = list(itertools.product(POSITIONALS, NORMS, [True, False]))
+
+
+@pytest.mark.parametrize("positional,norm,fused", CASES)
+def test_decoder_only_cached_equals_uncached(positional, norm, fused):
+    model = dec_only(positional, norm, fused_attention=fused)
+    torch.manual_seed(1)
+    hist_y, hist_k, fut_k = torch.randn(3, 20, 2), torch.randn(3, 20, 3), torch.randn(3, 15, 3)
+    cached = model.generate(hist_y, hist_k, fut_k, use_cache=True)
+    uncached = model.generate(hist_y, hist_k, fut_k, use_cache=False)
+    assert cached.shape == (3, 15, 2)
+    assert (cached - uncached).abs().max() <= 1e-5
+    # and both equal a teacher-forced pass fed with the generated values
+    y_full = torch.cat([hist_y, cached], dim=1)
+    k_full = torch.cat([hist_k, fut_k], dim=1)
+    with torch.no_grad():
+        tf = model(y_full[:, :-1], k_full[:, 1:])[:, 19:]
+    assert (tf - cached).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("positional,norm,fused", CASES)
+@pytest.mark.parametrize("start_token", ["last", "go"])
+def test_encoder_decoder_cached_equals_uncached(positional, norm, fused, start_token):
+    model = enc_dec(positional, norm, fused_attention=fused, start_token=start_token)
+    torch.manual_seed(1)
+    hist, last, fut_k = torch.randn(3, 20, 5), torch.randn(3, 2), torch.randn(3, 15, 3)
+    cached = model.generate(hist, last, fut_k, use_cache=True)
+    uncached = model.generate(hist, last, fut_k, use_cache=False)
+    assert cached.shape == (3, 15, 2)
+    assert (cached - uncached).abs().max() <= 1e-5
+    with torch.no_grad():
+        tf = model(hist, last, cached, fut_k)  # teacher forcing on its own predictions
+    assert (tf - cached).abs().max() <= 1e-5
+
+
+def test_generate_without_covariates_takes_a_horizon():
+    torch.manual_seed(0)
+    dec = DecoderOnly(DecoderOnlyConfig(d_target=1, **TINY)).eval()
+    assert dec.generate(torch.randn(2, 8, 1), horizon=5).shape == (2, 5, 1)
+    ed = EncoderDecoder(EncoderDecoderConfig(d_enc_in=1, d_target=1, **TINY)).eval()
+    assert ed.generate(torch.randn(2, 8, 1), torch.randn(2, 1), horizon=5).shape == (2, 5, 1)
+    with pytest.raises(ValueError, match="horizon"):
+        dec.generate(torch.randn(2, 8, 1))
+
+
+# --- they learn: a few hundred steps on small synthetic problems --------------------------------
+
+
+Y_MEAN, Y_STD = 0.70, 0.71
+
+
+def synthetic_series(n_series, length, seed=0):
+    """A driven, lagged system: known input u (steps and a sine), target y follows u with inertia.
+
+    y is standardised with fixed constants (measured on a large sample), so that train and test
+    series share one scale and predicting 0 is predicting the mean.
+    """
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(length).float()
+    freq = 0.05 + 0.1 * torch.rand(n_series, 1, generator=g)
+    phase = 6.28 * torch.rand(n_series, 1, generator=g)
+    steps = torch.sign(torch.sin(0.031 * t + phase * 3))
+    u = torch.sin(freq * t + phase) + 0.5 * steps  # (S, L)
+    y = torch.zeros_like(u)
+    for i in range(1, length):
+        y[:, i] = 0.8 * y[:, i - 1] + 0.2 * (u[:, i] ** 2 - 0.3 * u[:, i])
+    y = (y - Y_MEAN) / Y_STD
+    return u.unsqueeze(-1), y.unsqueeze(-1)  # (S, L, 1) each
+
+
+def train(model, loss_fn, n_samples, steps=300, lr=3e-3, batch_size=32):
+    """Minibatch AdamW; `loss_fn(idx)` computes the loss of the samples `idx`."""
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = loss_fn(torch.randint(0, n_samples, (batch_size,), generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    return loss.item()
+
+
+def test_encoder_only_reconstructs_states():
+    torch.manual_seed(0)
+    u, y = synthetic_series(64, 32)
+    model = EncoderOnly(EncoderOnlyConfig(d_in=1, d_out=1, **TINY))
+    train(model, lambda i: F.mse_loss(model(u[i]), y[i]), len(u))
+    with torch.no_grad():
+        u_test, y_test = synthetic_series(32, 32, seed=1)
+        mse = F.mse_loss(model(u_test), y_test).item()
+    mean_mse = F.mse_loss(torch.zeros_like(y_test), y_test).item()
+    assert mse < 0.2 * mean_mse, (mse, mean_mse)
+
+
+def test_encoder_only_classifies_sequences():
+    torch.manual_seed(0)
+    n = 256
+    labels = torch.randint(0, 2, (n,))
+    x = torch.randn(n, 16, 2)
+    x[labels == 1, 8:, 0] += 1.5  # class 1: a level shift in the second half
+    for pooling in ("cls", "mean"):
+        model = EncoderOnly(EncoderOnlyConfig(d_in=2, head="classification", pooling=pooling, n_classes=2, **TINY))
+        train(model, lambda i: F.cross_entropy(model(x[i]), labels[i]), n, steps=150)
+        with torch.no_grad():
+            loss = F.cross_entropy(model(x), labels).item()
+        assert loss < 0.3 * torch.log(torch.tensor(2.0)).item(), (pooling, loss)
+
+
+def test_decoder_only_learns_to_forecast():
+    torch.manual_seed(0)
+    u, y = synthetic_series(64, 48)
+    model = DecoderOnly(DecoderOnlyConfig(d_target=1, d_known=1, **TINY))
+
+    def loss_fn(i):
+        y_prev, known, labels = DecoderOnly.teacher_forcing(y[i], u[i])
+        return F.mse_loss(model(y_prev, known), labels)
+
+    train(model, loss_fn, len(y))
+    u_t, y_t = synthetic_series(32, 48, seed=1)
+    pred = model.generate(y_t[:, :32], u_t[:, :32], u_t[:, 32:])
+    mse = F.mse_loss(pred, y_t[:, 32:]).item()
+    mean_mse = F.mse_loss(torch.zeros_like(pred), y_t[:, 32:]).item()
+    assert mse < 0.2 * mean_mse, (mse, mean_mse)
+
+
+def test_encoder_decoder_and_forecast_head_learn_to_forecast():
+    torch.manual_seed(0)
+    n, m = 24, 24
+    u, y = synthetic_series(64, n + m)
+    hist = torch.cat([y[:, :n], u[:, :n]], dim=-1)  # (S, N, 2)
+    ed = EncoderDecoder(EncoderDecoderConfig(d_enc_in=2, d_target=1, d_known=1, **TINY))
+    train(ed, lambda i: F.mse_loss(ed(hist[i], y[i, n - 1], y[i, n:], u[i, n:]), y[i, n:]), len(y))
+    # the flatten + linear head has N * d_model * M weights: it needs more series not to overfit
+    u_many, y_many = synthetic_series(512, n + m, seed=2)
+    hist_many = torch.cat([y_many[:, :n], u_many[:, :n]], dim=-1)
+    head = EncoderOnly(EncoderOnlyConfig(d_in=2, d_out=1, head="forecast", context_len=n, horizon=m, **TINY))
+    train(head, lambda i: F.mse_loss(head(hist_many[i]), y_many[i, n:]), len(y_many))
+
+    u_t, y_t = synthetic_series(32, n + m, seed=1)
+    hist_t = torch.cat([y_t[:, :n], u_t[:, :n]], dim=-1)
+    mean_mse = F.mse_loss(torch.zeros_like(y_t[:, n:]), y_t[:, n:]).item()
+    ed_mse = F.mse_loss(ed.generate(hist_t, y_t[:, n - 1], u_t[:, n:]), y_t[:, n:]).item()
+    with torch.no_grad():
+        head_mse = F.mse_loss(head(hist_t), y_t[:, n:]).item()
+    assert ed_mse < 0.2 * mean_mse, (ed_mse, mean_mse)
+    assert head_mse < 0.5 * mean_mse, (head_mse, mean_mse)
