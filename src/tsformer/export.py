@@ -1,0 +1,54 @@
+"""Forecasts -> one tidy long CSV in original units.
+
+Columns: `series_id, origin_time, target_time, step, variable, y_true, y_pred`, one row per
+(series, forecast origin, step, target variable). For forecasts `origin_time` is the last observed
+step and `step` = 1..M; for state reconstruction `origin_time` is the window start and `step` =
+0..N-1 the position in the window. In both, target_time = origin_time + step * freq.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
+
+
+def forecasts_frame(datamodule, split: str, pred_scaled: np.ndarray, true_scaled: np.ndarray) -> pd.DataFrame:
+    """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset."""
+    info = datamodule.window_info(split)  # one row per window: series_id, origin_time
+    target_times = datamodule.target_times(split)  # (W, T_out)
+    W, T, Dy = pred_scaled.shape
+    if len(info) != W or target_times.shape != (W, T):
+        raise ValueError(f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}")
+    pred = datamodule.inverse_transform_target(pred_scaled)  # (W, T, Dy) original units
+    true = datamodule.inverse_transform_target(true_scaled)
+    first_step = 1 if datamodule.horizon > 0 else 0
+    # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
+    w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")
+    w_idx, t_idx, v_idx = w_idx.ravel(), t_idx.ravel(), v_idx.ravel()
+    return pd.DataFrame(
+        {
+            "series_id": info["series_id"].to_numpy()[w_idx],
+            "origin_time": info["origin_time"].to_numpy()[w_idx],
+            "target_time": target_times[w_idx, t_idx],
+            "step": t_idx + first_step,
+            "variable": np.asarray(datamodule.target_names, dtype=object)[v_idx],
+            "y_true": true.reshape(-1),
+            "y_pred": pred.reshape(-1),
+        },
+        columns=COLUMNS,
+    )
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write atomically: a crash mid-write never leaves a half-written file at `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,166 @@
+"""`WindowTask`: what every family shares in training and evaluation (a LightningModule).
+
+A family subclass says only how its network is built and how a batch of windows becomes (a) a
+training loss and (b) a prediction of the target steps. Everything else lives here once:
+- loss (MSE, MAE or Huber), AdamW with linear warmup then cosine decay (warmup matters for Post-Norm);
+- validation: `val/loss` (the training loss) and `val/mse`, `val/mae` of real predictions (for the
+  autoregressive families: generated, feeding predictions back), monitored for checkpoints;
+- test: `test/mse`, `test/mae` on scaled values (the literature's convention), `test/mae_orig`,
+  `test/rmse_orig` in original units (also per target variable), and the same for the naive
+  baseline on the same windows (`test/baseline_*`); predictions of every window kept for the export.
+
+Batches are the dicts of `tsformer.data.WindowDataset`: hist_target (B, N, Dy), hist_known (B, N, Dk),
+hist_observed (B, N, Do), fut_target (B, M, Dy), fut_known (B, M, Dk), fut_observed (B, M, Do), window (B,).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+
+LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier: linear warmup from ~0 to 1, then cosine decay to `min_lr_ratio`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class WindowTask(L.LightningModule):
+    family = "base"  # the name used for runs and tags
+
+    def __init__(
+        self,
+        net: dict,
+        d_target: int,
+        d_known: int,
+        d_observed: int,
+        context_len: int,
+        horizon: int,
+        target_names: list[str] | None = None,
+        loss: str = "mse",
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.05,
+    ):
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
+        # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
+        self.save_hyperparameters(logger=False)
+        self.loss_fn = LOSSES[loss]
+        self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
+        self.net = self.build_net(dict(net))
+
+        scaled = MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})
+        orig = MetricCollection(
+            {
+                "mae_orig": MeanAbsoluteError(),
+                "rmse_orig": MeanSquaredError(squared=False),
+                "mae_orig_by_var": MeanAbsoluteError(num_outputs=d_target),
+            }
+        )
+        self.val_metrics = scaled.clone(prefix="val/")
+        self.test_metrics = scaled.clone(prefix="test/")
+        self.test_orig = orig.clone(prefix="test/")
+        self.test_baseline = scaled.clone(prefix="test/baseline_")
+        self.test_baseline_orig = orig.clone(prefix="test/baseline_")
+        self.test_outputs: dict[str, np.ndarray] | None = None
+        self._test_chunks: list[dict[str, torch.Tensor]] = []
+
+    # -- what a family defines ------------------------------------------------------------------
+
+    def build_net(self, net: dict) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        """Prediction of the target steps, `(B, T_out, Dy)` scaled (T_out = M, or N for reconstruction)."""
+        raise NotImplementedError
+
+    def true_target(self, batch: dict) -> torch.Tensor:
+        return batch["fut_target"]
+
+    def baseline(self, batch: dict) -> torch.Tensor:
+        """The naive baseline's prediction of the same target steps."""
+        from tsformer.tasks.baselines import persistence
+
+        return persistence(batch["hist_target"], batch["fut_target"].shape[1])
+
+    # -- Lightning hooks ----------------------------------------------------------------------------
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.training_loss(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}); "
+                f"lower the learning rate (model.lr={self.hparams.lr}) or check the data for extreme values"
+            )
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["hist_target"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        B = batch["hist_target"].shape[0]
+        self.log("val/loss", self.training_loss(batch), prog_bar=True, batch_size=B)
+        self.val_metrics.update(self.predict_target(batch).flatten(), self.true_target(batch).flatten())
+        self.log_dict(self.val_metrics, batch_size=B)
+
+    def on_test_start(self) -> None:
+        self._test_chunks = []
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        pred, true, base = self.predict_target(batch), self.true_target(batch), self.baseline(batch)
+        self.test_metrics.update(pred.flatten(), true.flatten())
+        self.test_baseline.update(base.flatten(), true.flatten())
+        dm = self.trainer.datamodule
+        pred_o, true_o, base_o = (dm.inverse_transform_target(x.float()) for x in (pred, true, base))
+        self._update_orig(self.test_orig, pred_o, true_o)
+        self._update_orig(self.test_baseline_orig, base_o, true_o)
+        self._test_chunks.append({"window": batch["window"].cpu(), "pred": pred.cpu(), "true": true.cpu(), "baseline": base.cpu()})
+
+    @staticmethod
+    def _update_orig(metrics: MetricCollection, pred: torch.Tensor, true: torch.Tensor) -> None:
+        Dy = true.shape[-1]
+        for name, metric in metrics.items():
+            if name.endswith("by_var"):
+                metric.update(pred.reshape(-1, Dy), true.reshape(-1, Dy))  # (B*T, Dy)
+            else:
+                metric.update(pred.flatten(), true.flatten())
+
+    def on_test_epoch_end(self) -> None:
+        values = {**self.test_metrics.compute(), **self.test_baseline.compute()}
+        for metrics in (self.test_orig, self.test_baseline_orig):
+            for name, value in metrics.compute().items():
+                if name.endswith("_by_var"):
+                    for var, v in zip(self.target_names, value.reshape(-1)):
+                        values[f"{name.removesuffix('_by_var')}/{var}"] = v
+                else:
+                    values[name] = value
+        self.log_dict(values)
+        for m in (self.test_metrics, self.test_baseline, self.test_orig, self.test_baseline_orig):
+            m.reset()
+        chunks = self._test_chunks
+        order = torch.cat([c["window"] for c in chunks]).argsort()
+        self.test_outputs = {k: torch.cat([c[k] for c in chunks])[order].numpy() for k in chunks[0]}
+        self._test_chunks = []
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        total = self.trainer.estimated_stepping_batches
+        warmup = min(hp.warmup_steps, max(1, int(total) // 4))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, warmup, int(total), hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

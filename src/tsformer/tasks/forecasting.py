@@ -1,0 +1,110 @@
+"""Forecasting tasks: N history steps -> M future steps, with known future covariates.
+
+- `EncoderDecoderForecaster` (`enc_dec`): the encoder reads the history (targets and all
+  covariates); the decoder is teacher-forced in training and generates the M steps at evaluation.
+- `DecoderOnlyForecaster` (`dec_only`): one token per step over history + future; teacher-forced
+  over the whole window in training, generated step by step after the history at evaluation.
+  Past-only (observed) covariates are predicted and fed back like targets (unknown in the future).
+- `EncoderForecaster` (`enc_only_forecast`): the encoder-only model whose N outputs are mapped to M
+  steps by one linear layer; the documents' point of comparison for the encoder-decoder.
+
+Evaluation always predicts the future without looking at it: only `hist_*` and `fut_known` enter
+`predict_target`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tsformer.models import (
+    DecoderOnly,
+    DecoderOnlyConfig,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    EncoderOnly,
+    EncoderOnlyConfig,
+)
+from tsformer.tasks.base import WindowTask
+
+
+def history(batch: dict) -> torch.Tensor:
+    """Everything observed in the history window, `(B, N, Dy + Dk + Do)`."""
+    return torch.cat([batch["hist_target"], batch["hist_known"], batch["hist_observed"]], dim=-1)
+
+
+class _Forecaster(WindowTask):
+    def build_net(self, net: dict) -> torch.nn.Module:
+        if self.hparams.horizon < 1:
+            raise ValueError(f"forecasting needs horizon >= 1, got {self.hparams.horizon}")
+        return self.build_forecaster(net)
+
+    def build_forecaster(self, net: dict) -> torch.nn.Module:
+        raise NotImplementedError
+
+
+class EncoderDecoderForecaster(_Forecaster):
+    family = "enc_dec"
+
+    def build_forecaster(self, net: dict) -> EncoderDecoder:
+        hp = self.hparams
+        return EncoderDecoder(
+            EncoderDecoderConfig(
+                **net, d_enc_in=hp.d_target + hp.d_known + hp.d_observed, d_target=hp.d_target, d_known=hp.d_known
+            )
+        )
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        pred = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
+        return self.loss_fn(pred, batch["fut_target"])
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"])  # (B, M, Dy)
+
+
+class DecoderOnlyForecaster(_Forecaster):
+    family = "dec_only"
+
+    def build_forecaster(self, net: dict) -> DecoderOnly:
+        hp = self.hparams
+        return DecoderOnly(DecoderOnlyConfig(**net, d_target=hp.d_target + hp.d_observed, d_known=hp.d_known))
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        # autoregressive channels: targets, then observed covariates (predicted and fed back too)
+        auto = torch.cat(
+            [
+                torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1),
+                torch.cat([batch["fut_target"], batch["fut_observed"]], dim=-1),
+            ],
+            dim=1,
+        )  # (B, N + M, Dy + Do)
+        known = torch.cat([batch["hist_known"], batch["fut_known"]], dim=1)  # (B, N + M, Dk)
+        prev, known_next, labels = DecoderOnly.teacher_forcing(auto, known)
+        return self.loss_fn(self.net(prev, known_next), labels)
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
+        pred = self.net.generate(hist_auto, batch["hist_known"], batch["fut_known"])  # (B, M, Dy + Do)
+        return pred[..., : self.hparams.d_target]
+
+
+class EncoderForecaster(_Forecaster):
+    family = "enc_only_forecast"
+
+    def build_forecaster(self, net: dict) -> EncoderOnly:
+        hp = self.hparams
+        return EncoderOnly(
+            EncoderOnlyConfig(
+                **net,
+                d_in=hp.d_target + hp.d_known + hp.d_observed,
+                d_out=hp.d_target,
+                head="forecast",
+                context_len=hp.context_len,
+                horizon=hp.horizon,
+            )
+        )
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        return self.loss_fn(self.net(history(batch)), batch["fut_target"])
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        return self.net(history(batch))  # (B, M, Dy)

@@ -1,0 +1,52 @@
+"""State reconstruction with the encoder-only family: infer hidden states from observed inputs.
+
+Window of N steps: inputs = known + observed covariates `(B, N, Dk + Do)` -> targets `(B, N, Dy)`
+at the same steps, with bidirectional attention (no forecasting). The baseline is a per-step linear
+regression from the same inputs, fitted on the train rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tsformer.models import EncoderOnly, EncoderOnlyConfig
+from tsformer.tasks.base import WindowTask
+from tsformer.tasks.baselines import PerStepLinearBaseline
+
+
+class ReconstructionTask(WindowTask):
+    family = "enc_only"
+    baseline_model: PerStepLinearBaseline | None = None  # fitted on the train rows at test start
+
+    def build_net(self, net: dict) -> EncoderOnly:
+        hp = self.hparams
+        d_in = hp.d_known + hp.d_observed
+        if d_in == 0:
+            raise ValueError("state reconstruction needs input columns: set data.known_cols or data.observed_cols")
+        if hp.horizon != 0:
+            raise ValueError(f"state reconstruction works on windows without a horizon; got horizon={hp.horizon}")
+        return EncoderOnly(EncoderOnlyConfig(**net, d_in=d_in, d_out=hp.d_target, head="per_step"))
+
+    @staticmethod
+    def inputs(batch: dict) -> torch.Tensor:
+        return torch.cat([batch["hist_known"], batch["hist_observed"]], dim=-1)  # (B, N, Dk + Do)
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        return self.loss_fn(self.net(self.inputs(batch)), batch["hist_target"])
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        return self.net(self.inputs(batch))  # (B, N, Dy)
+
+    def true_target(self, batch: dict) -> torch.Tensor:
+        return batch["hist_target"]
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        train = self.trainer.datamodule.datasets["train"]
+        rows = np.unique(train.target_rows())  # every row some train window reconstructs
+        inputs = torch.cat([train.known, train.observed], dim=-1)[rows].numpy()
+        self.baseline_model = PerStepLinearBaseline().fit(inputs, train.target[rows].numpy())
+
+    def baseline(self, batch: dict) -> torch.Tensor:
+        return self.baseline_model.predict(self.inputs(batch))

@@ -1,0 +1,65 @@
+"""MLflow: what a run records besides Lightning's per-epoch metrics.
+
+Lightning's `MLFlowLogger` creates the run and logs the metrics. Here: the resolved config (as
+flattened params, by this one path only, and as a YAML artifact since params are truncated), tags
+(family, data set, git commit), figures and files, and the final status (FINISHED or FAILED).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+from lightning.pytorch.loggers import MLFlowLogger
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def find_mlflow_logger(loggers) -> MLFlowLogger | None:
+    return next((lg for lg in loggers if isinstance(lg, MLFlowLogger)), None)
+
+
+def git_commit() -> str:
+    """The commit of the code that ran (with '-dirty' for uncommitted changes), or 'unknown'."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def start_run(logger: MLFlowLogger, cfg: DictConfig, tags: dict[str, str]) -> str:
+    """Create the run now (so a failure later still has a run to mark), log config and tags."""
+    client, run_id = logger.experiment, logger.run_id
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    logger.log_hyperparams(resolved)  # flattened by Lightning: "model/net/d_model" etc.
+    client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    return run_id
+
+
+def log_files(logger: MLFlowLogger, files: list[tuple[str, Path]]) -> None:
+    """files: (artifact folder, local file) pairs."""
+    for folder, path in files:
+        logger.experiment.log_artifact(logger.run_id, str(path), folder)
+
+
+def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
+    logger.experiment.log_figure(logger.run_id, fig, artifact_file)
+
+
+def end_run(logger: MLFlowLogger, failed: bool) -> None:
+    """Never leave a run RUNNING: FINISHED on success, FAILED on any error."""
+    try:
+        logger.experiment.set_terminated(logger.run_id, "FAILED" if failed else "FINISHED")
+    except Exception as err:  # the tracking server may be what failed; say so, keep the first error
+        log.warning("could not set the MLflow run status: %s", err)

@@ -1,0 +1,139 @@
+"""`python train.py [overrides]`: data -> model -> fit -> test -> forecasts CSV, tracked in MLflow.
+
+Every object is built from the config (`conf/`) with `hydra.utils.instantiate`; this file only puts
+them together in order:
+1. the data module validates and windows the data (bad input fails here, before any run exists);
+2. the task (family) is built with the input/output sizes of the data;
+3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
+4. the test forecasts go to a CSV in original units; figures, scalers, the checkpoint and the CSV
+   are logged to the MLflow run, which ends FINISHED, or FAILED on any error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import joblib
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tsformer import tracking
+from tsformer.export import forecasts_frame, write_csv
+from tsformer.plots import error_by_step_figure, forecast_windows_figure
+
+log = logging.getLogger(__name__)
+
+# conf/ sits at the top of the repository: found from this file, so any working directory works.
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def _instantiate_group(group: DictConfig | None) -> list:
+    """Instantiate every entry with a `_target_` of a callbacks/logger group (none: empty list)."""
+    if not group:
+        return []
+    return [instantiate(entry) for entry in group.values() if isinstance(entry, DictConfig) and "_target_" in entry]
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train, test and export one configuration; returns the best validation MSE (for sweeps)."""
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    task = instantiate(
+        cfg.model,
+        _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
+        d_target=datamodule.d_target,
+        d_known=datamodule.d_known,
+        d_observed=datamodule.d_observed,
+        target_names=datamodule.target_names,
+    )
+    output_dir = Path(cfg.paths.output_dir)
+
+    with open_dict(cfg):  # a run without a name is called <family>-<data set>
+        for entry in (cfg.get("logger") or {}).values():
+            if "run_name" in entry and entry.run_name is None:
+                entry.run_name = f"{task.family}-{datamodule.name}"
+    loggers = _instantiate_group(cfg.get("logger"))
+    mlflow_logger = tracking.find_mlflow_logger(loggers)
+    callbacks = _instantiate_group(cfg.get("callbacks"))
+    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+
+    if mlflow_logger is not None:
+        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
+        tracking.start_run(mlflow_logger, cfg, tags)
+    try:
+        trainer.fit(task, datamodule=datamodule)
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+
+        outputs = task.test_outputs
+        forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
+        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+        if mlflow_logger is not None:
+            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
+            _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+            tracking.end_run(mlflow_logger, failed=False)
+    except BaseException:
+        if mlflow_logger is not None:
+            tracking.end_run(mlflow_logger, failed=True)
+        raise
+
+    _print_summary(mlflow_logger, metrics, csv_path)
+    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+    return float(score) if score is not None else None
+
+
+def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
+    scaler_dir = output_dir / "scalers"
+    scaler_dir.mkdir(parents=True, exist_ok=True)
+    files = [("forecasts", csv_path)]  # (artifact folder, local file)
+    for name in ("target_scaler", "covariate_scaler"):
+        scaler = getattr(datamodule, name)
+        if scaler is not None:
+            joblib.dump(scaler, scaler_dir / f"{name}.joblib")
+            files.append(("scalers", scaler_dir / f"{name}.joblib"))
+    if best_ckpt:
+        files.append(("checkpoints", Path(best_ckpt)))
+    tracking.log_files(logger, files)
+
+    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
+    if datamodule.schema.series_col:
+        history = history.rename(columns={datamodule.schema.series_col: "series_id"})
+    else:
+        history = history.assign(series_id=0)
+    fig = forecast_windows_figure(forecasts, history, cfg.n_plot_windows)
+    tracking.log_figure(logger, fig, "plots/test_windows.png")
+    fig = error_by_step_figure(forecasts, baseline)
+    tracking.log_figure(logger, fig, "plots/error_by_step.png")
+
+
+def _print_summary(logger, metrics: dict[str, float], csv_path: Path) -> None:
+    lines = ["", "=" * 72]
+    if logger is not None:
+        lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
+    lines.append(f"{'test metric':<22} {'model':>12} {'naive baseline':>16}")
+    for name in ("mse", "mae", "mae_orig", "rmse_orig"):
+        model, base = metrics.get(f"test/{name}"), metrics.get(f"test/baseline_{name}")
+        if model is not None:
+            lines.append(f"{name:<22} {model:>12.4f} {base:>16.4f}")
+    per_var = sorted(k for k in metrics if k.startswith("test/mae_orig/"))
+    for key in per_var:
+        var = key.removeprefix("test/mae_orig/")
+        lines.append(f"{'mae_orig ' + var:<22} {metrics[key]:>12.4f} {metrics[f'test/baseline_mae_orig/{var}']:>16.4f}")
+    lines.append(f"forecasts CSV: {csv_path.resolve()}")
+    lines.append("=" * 72)
+    print("\n".join(lines))
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()
