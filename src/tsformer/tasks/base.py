@@ -107,7 +107,9 @@ class WindowTask(L.LightningModule):
                 f"training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}); "
                 f"lower the learning rate (model.lr={self.hparams.lr}) or check the data for extreme values"
             )
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["hist_target"].shape[0])
+        B = batch["hist_target"].shape[0]
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=B)  # per epoch, to MLflow
+        self.log("loss", loss, prog_bar=True, logger=False, batch_size=B)  # running value in the bar
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

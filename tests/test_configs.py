@@ -1,0 +1,81 @@
+"""Every config in conf/ composes and instantiates: each model with each data set, each experiment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+
+from conftest import compose_config
+from tsformer.train import CONFIG_DIR, _instantiate_group
+
+CONF = Path(CONFIG_DIR)
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+# small simulated data: composing must not wait on 20000-step simulations
+SMALL = ["data.source.n_series=1", "data.source.n_steps=1500"]
+SIMULATED = [d for d in options("data") if d != "csv"]
+
+
+def build(cfg):
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = instantiate(
+        cfg.model, _convert_="all", d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed
+    )
+    return dm, task
+
+
+def test_groups_have_the_options_the_docs_name():
+    assert {"enc_only", "dec_only", "enc_dec"} <= set(options("model"))
+    assert {"default", "cpu", "gpu", "ddp"} <= set(options("trainer"))
+    assert {"mlflow", "csv", "none"} <= set(options("logger"))
+    assert {"state_reconstruction", "wind_power", "sensor_30_70"} <= set(options("experiment"))
+
+
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("data", SIMULATED)
+def test_each_model_with_each_data_set(model, data, in_tmp):
+    cfg = compose_config([f"model={model}", f"data={data}", *SMALL], in_tmp / "out")
+    dm, task = build(cfg)
+    assert (dm.context_len, dm.horizon) == (cfg.model.context_len, cfg.model.horizon)
+    assert dm.n_windows("test") > 0
+    batch = next(iter(dm.test_dataloader()))
+    pred = task.predict_target(batch)
+    assert pred.shape == task.true_target(batch).shape
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_each_experiment(experiment, in_tmp):
+    cfg = compose_config([f"experiment={experiment}", *SMALL], in_tmp / "out")
+    dm, task = build(cfg)
+    assert dm.n_windows("test") > 0
+
+
+@pytest.mark.parametrize("trainer", options("trainer"))
+@pytest.mark.parametrize("logger", options("logger"))
+def test_trainer_callbacks_and_loggers_instantiate(trainer, logger, in_tmp):
+    if trainer == "gpu":
+        pytest.importorskip("torch").cuda.is_available() or pytest.skip("no GPU here")
+    cfg = compose_config([f"trainer={trainer}", f"logger={logger}"], in_tmp / "out")
+    callbacks = _instantiate_group(cfg.get("callbacks"))
+    loggers = _instantiate_group(cfg.get("logger"))
+    trainer_obj = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    assert trainer_obj.max_epochs == cfg.trainer.max_epochs
+    assert len(loggers) == (0 if logger == "none" else 1)
+
+
+def test_default_trainer_picks_the_accelerator_itself(in_tmp):
+    cfg = compose_config([], in_tmp / "out")
+    assert cfg.trainer.accelerator == "auto"
+
+
+def test_csv_data_requires_the_file_and_targets(in_tmp):
+    cfg = compose_config(["data=csv"], in_tmp / "out")
+    with pytest.raises(Exception, match="source"):
+        instantiate(cfg.data)

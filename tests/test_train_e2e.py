@@ -1,0 +1,84 @@
+"""End to end: `python train.py model=<family>` in an empty folder, tiny settings.
+
+Checks what a user gets: a FINISHED MLflow run in ./mlflow.db with params, metrics beside the
+baseline, plots, checkpoint, scalers and the forecasts CSV, whose rows are exactly windows x steps x
+variables, in original units, with target times consistent with origin and step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+
+from conftest import REPO, TINY, compose_config
+
+FAMILIES = ["enc_only", "dec_only", "enc_dec"]
+METRICS = [
+    "train/loss",
+    "val/loss",
+    "val/mse",
+    "test/mse",
+    "test/mae",
+    "test/mae_orig",
+    "test/rmse_orig",
+    "test/baseline_mse",
+    "test/baseline_mae",
+    "test/baseline_mae_orig",
+    "test/baseline_rmse_orig",
+]
+
+
+def run_train(cwd, overrides):
+    cmd = [sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out"]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_train_py_end_to_end(family, in_tmp):
+    overrides = [f"model={family}", *TINY]
+    proc = run_train(in_tmp, overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    client = MlflowClient(f"sqlite:///{in_tmp}/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == f"{family}-plant"
+    assert run.data.tags["family"] == family and run.data.tags["dataset"] == "plant"
+    assert run.data.tags["git_commit"]
+    assert run.data.params["model/net/d_model"] == "16"
+    for name in METRICS:
+        assert name in run.data.metrics, name
+        assert np.isfinite(run.data.metrics[name])
+    assert "test/mae_orig/dynamic_temperature" in run.data.metrics
+    artifacts = {a.path for folder in ("", "plots", "forecasts", "scalers", "checkpoints", "config")
+                 for a in client.list_artifacts(run.info.run_id, folder)}
+    for path in ["plots/test_windows.png", "plots/error_by_step.png", "forecasts/forecasts.csv",
+                 "scalers/target_scaler.joblib", "checkpoints/best.ckpt", "config/resolved.yaml"]:
+        assert path in artifacts, (path, artifacts)
+
+    # the summary names the run and the CSV
+    assert run.info.run_id in proc.stdout and "forecasts CSV:" in proc.stdout
+
+    csv = pd.read_csv(in_tmp / "out" / "forecasts.csv", parse_dates=["origin_time", "target_time"])
+    assert list(csv.columns) == ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
+    cfg = compose_config(overrides, in_tmp / "check")
+    dm = instantiate(cfg.data)
+    dm.setup()
+    n_steps = dm.horizon if dm.horizon > 0 else dm.context_len
+    assert len(csv) == dm.n_windows("test") * n_steps * dm.d_target
+    assert not csv.isna().any().any()
+    assert set(csv.variable) == {"dynamic_temperature", "dynamic_pressure"}
+    first = 1 if dm.horizon > 0 else 0
+    assert csv.step.min() == first and csv.step.max() == first + n_steps - 1
+    assert (csv.target_time == csv.origin_time + csv.step * pd.Timedelta(dm.freq)).all()
+    # original units: the truth in the CSV is the simulated data itself
+    raw = dm.frame.set_index(["series_id", "time"])
+    row = csv.iloc[len(csv) // 2]
+    assert row.y_true == pytest.approx(raw.loc[(row.series_id, row.target_time), row.variable], rel=1e-5)
