@@ -79,3 +79,17 @@ def test_csv_data_requires_the_file_and_targets(in_tmp):
     cfg = compose_config(["data=csv"], in_tmp / "out")
     with pytest.raises(Exception, match="source"):
         instantiate(cfg.data)
+
+
+def test_console_script_composes_from_any_folder(tmp_path):
+    """`tsformer-train` (installed by pip) finds conf/ wherever it is run from."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "tsformer-train"
+    assert script.exists(), "the console script is installed with the package"
+    proc = subprocess.run(
+        [str(script), "--cfg", "job", "model=dec_only"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tsformer.tasks.DecoderOnlyForecaster" in proc.stdout

@@ -3,28 +3,15 @@ run left RUNNING (data is checked before a run exists; a failure after that mark
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from conftest import TINY, compose_config
+from test_data_validation import BAD_INPUTS, good_table  # the data tests' broken tables, here through train.run
 from tsformer.data import DataValidationError
 from tsformer.train import run
 
-N = 400  # rows of the good file: enough for train/val/test windows of the enc_dec default (30 -> 70)
-
-
-def good_frame() -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    t = np.arange(N)
-    return pd.DataFrame(
-        {
-            "time": pd.date_range("2024-03-01", periods=N, freq="min").strftime("%Y-%m-%d %H:%M:%S"),
-            "load": np.sin(t / 20) + rng.normal(0, 0.1, N),
-            "temp": np.cos(t / 30) + rng.normal(0, 0.1, N),
-        }
-    )
+N_STEPS = 400  # per series: enough for train/val/test windows of the enc_dec default (30 -> 70)
 
 
 def config_for(csv_path, out_dir):
@@ -32,8 +19,10 @@ def config_for(csv_path, out_dir):
     overrides += [
         "data=csv",
         f"data.source={csv_path}",
-        "data.target_cols=[temp]",
-        "data.known_cols=[load]",
+        "data.series_col=site",
+        "data.target_cols=[y]",
+        "data.known_cols=[u]",
+        "data.observed_cols=[z]",
         "data.val_fraction=0.3",
         "data.test_fraction=0.3",
     ]
@@ -48,42 +37,9 @@ def statuses(folder) -> list[str]:
     return [r.info.status for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
 
-def _missing(df):
-    return df.drop(columns="load")
-
-
-def _text(df):
-    df["temp"] = df["temp"].astype(object)
-    df.loc[123, "temp"] = "n/a?"
-    return df
-
-
-def _nan(df):
-    df.loc[123, "load"] = np.nan
-    return df
-
-
-def _duplicate(df):
-    df.loc[123, "time"] = df.loc[122, "time"]
-    return df
-
-
-def _unsorted(df):
-    df.loc[[122, 123], "time"] = df.loc[[123, 122], "time"].to_numpy()
-    return df
-
-
-def _too_short(df):
-    return df.iloc[:150]
-
-
 CASES = {
-    "missing column": (_missing, ["load", "columns"]),
-    "non-numeric value": (_text, ["temp", "row 123", "n/a?"]),
-    "NaN": (_nan, ["load", "row 123"]),
-    "duplicate timestamp": (_duplicate, ["time", "row 123", "duplicate"]),
-    "unsorted timestamps": (_unsorted, ["time", "row 123"]),
-    "too few rows": (_too_short, ["window", "context_len=30", "horizon=70"]),
+    **BAD_INPUTS,
+    "too few rows": (lambda df: df.groupby("site").head(150), ["split 'test'", "window", "context_len=30", "horizon=70"]),
 }
 
 
@@ -91,7 +47,7 @@ CASES = {
 def test_bad_input_is_named_and_leaves_no_running_run(case, in_tmp):
     corrupt, expected = CASES[case]
     path = in_tmp / "bad_plant.csv"
-    corrupt(good_frame()).to_csv(path, index=False)
+    corrupt(good_table(N_STEPS)).to_csv(path, index=False)
     cfg = config_for(path, in_tmp / "out")
     with pytest.raises(DataValidationError) as err:
         run(cfg)
@@ -105,7 +61,7 @@ def test_bad_input_is_named_and_leaves_no_running_run(case, in_tmp):
 
 def test_good_csv_trains_and_a_crash_after_start_marks_the_run_failed(in_tmp, monkeypatch):
     path = in_tmp / "plant.csv"
-    good_frame().to_csv(path, index=False)
+    good_table(N_STEPS).to_csv(path, index=False)
     cfg = config_for(path, in_tmp / "ok")
     run(cfg)
     assert statuses(in_tmp) == ["FINISHED"]

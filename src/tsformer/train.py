@@ -112,18 +112,21 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
 
 
 def _print_summary(logger, metrics: dict[str, float], csv_path: Path) -> None:
+    """The run id, each test metric beside the naive baseline's, and where the CSV is."""
+    rows = [(name, f"test/{name}", f"test/baseline_{name}") for name in ("mse", "mae", "mae_orig", "rmse_orig")]
+    rows += [
+        (f"mae_orig {key.removeprefix('test/mae_orig/')}", key, key.replace("test/", "test/baseline_", 1))
+        for key in sorted(metrics)
+        if key.startswith("test/mae_orig/")
+    ]
+    width = max(len(label) for label, _, _ in rows) + 2
     lines = ["", "=" * 72]
     if logger is not None:
         lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    lines.append(f"{'test metric':<22} {'model':>12} {'naive baseline':>16}")
-    for name in ("mse", "mae", "mae_orig", "rmse_orig"):
-        model, base = metrics.get(f"test/{name}"), metrics.get(f"test/baseline_{name}")
-        if model is not None:
-            lines.append(f"{name:<22} {model:>12.4f} {base:>16.4f}")
-    per_var = sorted(k for k in metrics if k.startswith("test/mae_orig/"))
-    for key in per_var:
-        var = key.removeprefix("test/mae_orig/")
-        lines.append(f"{'mae_orig ' + var:<22} {metrics[key]:>12.4f} {metrics[f'test/baseline_mae_orig/{var}']:>16.4f}")
+    lines.append(f"{'test metric':<{width}} {'model':>12} {'naive baseline':>16}")
+    for label, model_key, base_key in rows:
+        if model_key in metrics:
+            lines.append(f"{label:<{width}} {metrics[model_key]:>12.4f} {metrics[base_key]:>16.4f}")
     lines.append(f"forecasts CSV: {csv_path.resolve()}")
     lines.append("=" * 72)
     print("\n".join(lines))
