@@ -37,10 +37,17 @@ def statuses(folder) -> list[str]:
     return [r.info.status for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
 
 
-CASES = {
-    **BAD_INPUTS,
-    "too few rows": (lambda df: df.groupby("site").head(150), ["split 'test'", "window", "context_len=30", "horizon=70"]),
+# the words that must appear: column and row (the data tests check the rest of each message)
+WHERE = {
+    "missing column": ["'u'", "columns present"],
+    "non-numeric value": ["column 'y'", "row 47 (line 49)", "'12,5'"],
+    "NaN cell": ["column 'z'", "row 47 (line 49)"],
+    "duplicate time": ["column 'time'", "row 47 (line 49)", "duplicate"],
+    "unsorted time": ["column 'time'", "row 47 (line 49)", "unsorted"],
+    "unparseable time": ["column 'time'", "row 47 (line 49)", "'yesterday noon'"],
 }
+CASES = {name: (BAD_INPUTS[name][0], WHERE[name]) for name in BAD_INPUTS}
+CASES["too few rows"] = (lambda df: df.groupby("site").head(150), ["no complete window", "context_len=30", "horizon=70"])
 
 
 @pytest.mark.parametrize("case", CASES)

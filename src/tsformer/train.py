@@ -49,6 +49,7 @@ def run(cfg: DictConfig) -> float | None:
         d_known=datamodule.d_known,
         d_observed=datamodule.d_observed,
         target_names=datamodule.target_names,
+        baselines=_instantiate_group(cfg.get("baselines")),  # extra ones, beside the naive baseline
     )
     output_dir = Path(cfg.paths.output_dir)
 
@@ -82,7 +83,7 @@ def run(cfg: DictConfig) -> float | None:
             tracking.end_run(mlflow_logger, failed=True)
         raise
 
-    _print_summary(mlflow_logger, metrics, csv_path)
+    _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path)
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     return float(score) if score is not None else None
 
@@ -111,22 +112,20 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
 
 
-def _print_summary(logger, metrics: dict[str, float], csv_path: Path) -> None:
-    """The run id, each test metric beside the naive baseline's, and where the CSV is."""
-    rows = [(name, f"test/{name}", f"test/baseline_{name}") for name in ("mse", "mae", "mae_orig", "rmse_orig")]
-    rows += [
-        (f"mae_orig {key.removeprefix('test/mae_orig/')}", key, key.replace("test/", "test/baseline_", 1))
-        for key in sorted(metrics)
-        if key.startswith("test/mae_orig/")
-    ]
-    width = max(len(label) for label, _, _ in rows) + 2
+def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path) -> None:
+    """The run id, each test metric of the model beside the baselines' (`baseline` = the naive one),
+    and where the CSV is."""
+    names = ["mse", "mae", "mae_orig", "rmse_orig"]
+    names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
+    width = max(len(n) for n in names) + 2
+    columns = ["model", *baselines]
     lines = ["", "=" * 72]
     if logger is not None:
         lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    lines.append(f"{'test metric':<{width}} {'model':>12} {'naive baseline':>16}")
-    for label, model_key, base_key in rows:
-        if model_key in metrics:
-            lines.append(f"{label:<{width}} {metrics[model_key]:>12.4f} {metrics[base_key]:>16.4f}")
+    lines.append(f"{'test metric':<{width}}" + "".join(f"{c:>16}" for c in columns))
+    for name in names:
+        keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
+        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>16.4f}" for k in keys))
     lines.append(f"forecasts CSV: {csv_path.resolve()}")
     lines.append("=" * 72)
     print("\n".join(lines))

@@ -7,7 +7,8 @@ training loss and (b) a prediction of the target steps. Everything else lives he
   autoregressive families: generated, feeding predictions back), monitored for checkpoints;
 - test: `test/mse`, `test/mae` on scaled values (the literature's convention), `test/mae_orig`,
   `test/rmse_orig` in original units (also per target variable), and the same for the naive
-  baseline on the same windows (`test/baseline_*`); predictions of every window kept for the export.
+  baseline on the same windows (`test/baseline_*`) and for any extra baselines
+  (`test/<name>_*`, see `baselines.py`); predictions of every window kept for the export.
 
 Batches are the dicts of `tsformer.data.WindowDataset`: hist_target (B, N, Dy), hist_known (B, N, Dk),
 hist_observed (B, N, Do), fut_target (B, M, Dy), fut_known (B, M, Dk), fut_observed (B, M, Do), window (B,).
@@ -22,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+
+from tsformer.tasks.baselines import Persistence
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
 
@@ -51,12 +54,13 @@ class WindowTask(L.LightningModule):
         weight_decay: float = 0.01,
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.05,
+        baselines: list | None = None,
     ):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(logger=False, ignore=["baselines"])
         self.loss_fn = LOSSES[loss]
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
         self.net = self.build_net(dict(net))
@@ -69,11 +73,19 @@ class WindowTask(L.LightningModule):
                 "mae_orig_by_var": MeanAbsoluteError(num_outputs=d_target),
             }
         )
+        # the naive baseline of the job first (its metrics are test/baseline_*), then any extra ones
+        self.baselines = [self.naive_baseline(), *(baselines or [])]
+        names = [b.name for b in self.baselines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"baseline names must differ, got {names}")
         self.val_metrics = scaled.clone(prefix="val/")
-        self.test_metrics = scaled.clone(prefix="test/")
-        self.test_orig = orig.clone(prefix="test/")
-        self.test_baseline = scaled.clone(prefix="test/baseline_")
-        self.test_baseline_orig = orig.clone(prefix="test/baseline_")
+
+        def test_metrics(prefix: str) -> MetricCollection:
+            return MetricCollection([scaled.clone(prefix=prefix), orig.clone(prefix=prefix)])
+
+        self.test_metrics = torch.nn.ModuleDict(
+            {"model": test_metrics("test/"), **{b.name: test_metrics(f"test/{b.name}_") for b in self.baselines}}
+        )
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
 
@@ -92,11 +104,9 @@ class WindowTask(L.LightningModule):
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]
 
-    def baseline(self, batch: dict) -> torch.Tensor:
-        """The naive baseline's prediction of the same target steps."""
-        from tsformer.tasks.baselines import persistence
-
-        return persistence(batch["hist_target"], batch["fut_target"].shape[1])
+    def naive_baseline(self):
+        """The job's naive baseline (forecasting: persistence)."""
+        return Persistence()
 
     # -- Lightning hooks ----------------------------------------------------------------------------
 
@@ -120,38 +130,37 @@ class WindowTask(L.LightningModule):
 
     def on_test_start(self) -> None:
         self._test_chunks = []
+        for baseline in self.baselines:
+            baseline.fit(self.trainer.datamodule)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        pred, true, base = self.predict_target(batch), self.true_target(batch), self.baseline(batch)
-        self.test_metrics.update(pred.flatten(), true.flatten())
-        self.test_baseline.update(base.flatten(), true.flatten())
-        dm = self.trainer.datamodule
-        pred_o, true_o, base_o = (dm.inverse_transform_target(x.float()) for x in (pred, true, base))
-        self._update_orig(self.test_orig, pred_o, true_o)
-        self._update_orig(self.test_baseline_orig, base_o, true_o)
-        self._test_chunks.append({"window": batch["window"].cpu(), "pred": pred.cpu(), "true": true.cpu(), "baseline": base.cpu()})
-
-    @staticmethod
-    def _update_orig(metrics: MetricCollection, pred: torch.Tensor, true: torch.Tensor) -> None:
-        Dy = true.shape[-1]
-        for name, metric in metrics.items():
-            if name.endswith("by_var"):
-                metric.update(pred.reshape(-1, Dy), true.reshape(-1, Dy))  # (B*T, Dy)
-            else:
-                metric.update(pred.flatten(), true.flatten())
+        true = self.true_target(batch)
+        preds = {"model": self.predict_target(batch)} | {b.name: b.predict(batch) for b in self.baselines}
+        true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
+        for name, pred in preds.items():
+            pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())
+            for metric_name, metric in self.test_metrics[name].items():
+                if metric_name.endswith("_by_var"):  # (B*T, Dy): one value per target variable
+                    metric.update(pred_orig.reshape(-1, pred.shape[-1]), true_orig.reshape(-1, pred.shape[-1]))
+                elif "_orig" in metric_name:
+                    metric.update(pred_orig.flatten(), true_orig.flatten())
+                else:
+                    metric.update(pred.flatten(), true.flatten())
+        self._test_chunks.append(
+            {"window": batch["window"].cpu(), "pred": preds["model"].cpu(), "true": true.cpu(), "baseline": preds["baseline"].cpu()}
+        )
 
     def on_test_epoch_end(self) -> None:
-        values = {**self.test_metrics.compute(), **self.test_baseline.compute()}
-        for metrics in (self.test_orig, self.test_baseline_orig):
+        values = {}
+        for metrics in self.test_metrics.values():
             for name, value in metrics.compute().items():
-                if name.endswith("_by_var"):
+                if name.endswith("_by_var"):  # test/mae_orig_by_var -> test/mae_orig/<variable>
                     for var, v in zip(self.target_names, value.reshape(-1)):
                         values[f"{name.removesuffix('_by_var')}/{var}"] = v
                 else:
                     values[name] = value
+            metrics.reset()
         self.log_dict(values)
-        for m in (self.test_metrics, self.test_baseline, self.test_orig, self.test_baseline_orig):
-            m.reset()
         chunks = self._test_chunks
         order = torch.cat([c["window"] for c in chunks]).argsort()
         self.test_outputs = {k: torch.cat([c[k] for c in chunks])[order].numpy() for k in chunks[0]}
