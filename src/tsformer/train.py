@@ -12,11 +12,14 @@ them together in order:
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import joblib
 import lightning as L
+import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -37,8 +40,27 @@ def _instantiate_group(group: DictConfig | None) -> list:
     return [instantiate(entry) for entry in group.values() if isinstance(entry, DictConfig) and "_target_" in entry]
 
 
-def run(cfg: DictConfig) -> float | None:
-    """Train, test and export one configuration; returns the best validation MSE (for sweeps)."""
+@dataclass
+class RunResult:
+    """What one run produced (for scripts and sweeps; the CLI prints a summary of it)."""
+
+    metrics: dict[str, float]  # test/* metrics of the model and the baselines
+    forecasts: pd.DataFrame  # the exported CSV's rows (original units)
+    baseline_forecasts: pd.DataFrame  # the naive baseline's, same layout
+    csv_path: Path
+    best_val: float | None  # best monitored validation metric (val/mse by default)
+    run_id: str | None
+    n_params: int
+    fit_seconds: float
+
+
+def run(cfg: DictConfig) -> RunResult:
+    """Train, test and export one configuration."""
+    if cfg.trainer.get("limit_test_batches", 1.0) != 1.0:
+        raise ValueError(
+            f"trainer.limit_test_batches={cfg.trainer.limit_test_batches}: every test window is evaluated "
+            "and exported, so it must stay 1.0 (use smaller data or data.eval_stride to test faster)"
+        )
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     datamodule.setup()
@@ -66,7 +88,9 @@ def run(cfg: DictConfig) -> float | None:
         tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
         tracking.start_run(mlflow_logger, cfg, tags)
     try:
+        start = time.perf_counter()
         trainer.fit(task, datamodule=datamodule)
+        fit_seconds = time.perf_counter() - start
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
@@ -74,8 +98,8 @@ def run(cfg: DictConfig) -> float | None:
         outputs = task.test_outputs
         forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
         csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+        baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
         if mlflow_logger is not None:
-            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
             _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
             tracking.end_run(mlflow_logger, failed=False)
     except BaseException:
@@ -85,7 +109,16 @@ def run(cfg: DictConfig) -> float | None:
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path)
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-    return float(score) if score is not None else None
+    return RunResult(
+        metrics=metrics,
+        forecasts=forecasts,
+        baseline_forecasts=baseline,
+        csv_path=csv_path,
+        best_val=float(score) if score is not None else None,
+        run_id=mlflow_logger.run_id if mlflow_logger is not None else None,
+        n_params=sum(p.numel() for p in task.net.parameters()),
+        fit_seconds=fit_seconds,
+    )
 
 
 def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
@@ -133,8 +166,9 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    """Returns the best validation metric, which Hydra's sweepers optimise."""
     log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
-    return run(cfg)
+    return run(cfg).best_val
 
 
 if __name__ == "__main__":
