@@ -17,6 +17,18 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 
+def absolute_sqlite_uri(uri: str | None) -> str | None:
+    """`sqlite:///mlflow.db` -> `sqlite:////abs/path/mlflow.db`, anchored to the current folder now.
+
+    MLflow caches its database connection per URI string: a relative URI used again from another
+    folder in the same process would write to the first folder's database.
+    """
+    prefix = "sqlite:///"
+    if uri and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri.removeprefix(prefix)).resolve())
+    return uri
+
+
 def find_mlflow_logger(loggers) -> MLFlowLogger | None:
     return next((lg for lg in loggers if isinstance(lg, MLFlowLogger)), None)
 

@@ -75,10 +75,12 @@ def run(cfg: DictConfig) -> RunResult:
     )
     output_dir = Path(cfg.paths.output_dir)
 
-    with open_dict(cfg):  # a run without a name is called <family>-<data set>
+    with open_dict(cfg):
         for entry in (cfg.get("logger") or {}).values():
-            if "run_name" in entry and entry.run_name is None:
+            if "run_name" in entry and entry.run_name is None:  # a run without a name: <family>-<data set>
                 entry.run_name = f"{task.family}-{datamodule.name}"
+            if "tracking_uri" in entry:
+                entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
     loggers = _instantiate_group(cfg.get("logger"))
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
