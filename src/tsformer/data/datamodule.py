@@ -10,6 +10,9 @@ Data flow in `setup`:
    the M future steps; reconstruction: the N window steps). A val/test forecast window's history
    may reach back into earlier splits, as in the usual ETT protocol: the past is known at forecast
    time. Windows never span a gap (see `schema.find_segments`).
+5. optionally (`future_known_noise`, e.g. `forecast_noise.ForecastNoise`) the FUTURE known
+   covariates of every window, in all three splits, become an imperfect forecast: the model learns
+   with the forecast it will really get, and the baselines see the same batch.
 
 Validation and test loaders neither shuffle nor drop the last batch: every window is evaluated once.
 """
@@ -17,6 +20,7 @@ Validation and test loaders neither shuffle nor drop the last batch: every windo
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -87,6 +91,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         eval_stride: int = 1,
         num_workers: int = 0,
         seed: int = 0,
+        future_known_noise=None,
+        extra_cols: list[str] = (),
     ):
         super().__init__()
         self.source = source
@@ -110,10 +116,17 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.train_stride, self.eval_stride = int(train_stride), int(eval_stride)
         self.num_workers, self.seed = int(num_workers), int(seed)
+        self.future_known_noise = future_known_noise  # None: the future known covariates as measured
+        # carried along in `frame` for baselines (e.g. a manufacturer's power curve): never scaled,
+        # never windowed, never a model input
+        self.extra_cols = [extra_cols] if isinstance(extra_cols, str) else [str(c) for c in extra_cols]
+        overlap = sorted(set(self.extra_cols) & {self.schema.time_col, *self.schema.value_cols})
+        if overlap:
+            raise ValueError(f"extra_cols {overlap} already have a role in the model's columns")
 
         self.target_scaler = None
         self.covariate_scaler = None  # None when there are no known/observed columns
-        self.frame: pd.DataFrame | None = None  # validated table, sorted by (series, time)
+        self.frame: pd.DataFrame | None = None  # validated table + extra_cols, sorted by (series, time)
         self.datasets: dict[str, WindowDataset] = {}
         self._freq = None
 
@@ -169,6 +182,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         source = self.source_name
         raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source)
         clean = self.schema.validate(raw, source)
+        if self.extra_cols:
+            clean = clean.join(self._extra_columns(raw, source))  # aligned on the row number
         self._freq = resolve_freq(clean, self.schema, source)
         step = fixed_step(self._freq, source)
         segments = find_segments(clean, self.schema, step, source)
@@ -184,6 +199,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
             )
 
         target, known, observed = self._scale(clean, times, split_of_row == 0)
+        if self.future_known_noise is not None:
+            self.future_known_noise.bind(self.schema.known_cols, self.covariate_scaler)
         self.frame = clean
         self._times = times
         self._series = series_ids(clean, self.schema)
@@ -194,7 +211,11 @@ class TimeSeriesDataModule(L.LightningDataModule):
             starts = self._split_window_starts(segments, times, cutoffs[i], cutoffs[i + 1], stride)
             if len(starts) == 0:
                 raise self._no_window_error(source, split, split_of_row == i, clean)
-            datasets[split] = WindowDataset(target, known, observed, starts, self.context_len, self.horizon)
+            noise = self.future_known_noise  # each split's windows get their own forecast errors
+            transform = partial(noise, split=i) if noise is not None else None
+            datasets[split] = WindowDataset(
+                target, known, observed, starts, self.context_len, self.horizon, fut_known_transform=transform
+            )
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 
         log.info(
@@ -209,6 +230,16 @@ class TimeSeriesDataModule(L.LightningDataModule):
             log.info(
                 "%s: %-5s %8d rows %8d windows", source, split, rows_per_split[split], self.n_windows(split)
             )
+
+    def _extra_columns(self, raw: pd.DataFrame, source: str) -> pd.DataFrame:
+        """The `extra_cols` of the raw table as numbers, indexed by row number like the validated frame."""
+        raw = raw.reset_index(drop=True)
+        missing = [c for c in self.extra_cols if c not in raw.columns]
+        if missing:
+            raise DataValidationError(
+                f"{source}: missing extra column(s) {missing}; the columns present are {list(raw.columns)}"
+            )
+        return raw[self.extra_cols].apply(pd.to_numeric, errors="coerce")
 
     def _split_window_starts(self, segments, times, cut_lo, cut_hi, stride) -> np.ndarray:
         """Start rows of the windows whose targets lie in [cut_lo, cut_hi), segment after segment."""

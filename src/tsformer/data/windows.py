@@ -12,6 +12,8 @@ Two kinds of window share this class:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -49,9 +51,22 @@ class WindowDataset(Dataset):
 
     Item shapes: hist_target (N, Dy), hist_known (N, Dk), hist_observed (N, Do),
     fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), window () int64.
+
+    `fut_known_transform(fut_known, row=...)`, when given, replaces each window's future known
+    covariates (e.g. a weather forecast's error, `forecast_noise.py`); `row` is the table row of the
+    window's first future step. It must return a new tensor, never write into the shared view.
     """
 
-    def __init__(self, target, known, observed, starts, context_len: int, horizon: int):
+    def __init__(
+        self,
+        target,
+        known,
+        observed,
+        starts,
+        context_len: int,
+        horizon: int,
+        fut_known_transform: Callable[..., torch.Tensor] | None = None,
+    ):
         # torch.as_tensor shares memory with a float32 numpy array: nothing is copied here
         self.target = torch.as_tensor(target, dtype=torch.float32)  # (rows, Dy)
         self.known = torch.as_tensor(known, dtype=torch.float32)  # (rows, Dk)
@@ -59,6 +74,7 @@ class WindowDataset(Dataset):
         self.starts = np.asarray(starts, dtype=np.int64)  # (W,)
         self.context_len = int(context_len)
         self.horizon = int(horizon)
+        self.fut_known_transform = fut_known_transform
         if self.context_len < 1 or self.horizon < 0:
             raise ValueError(f"need context_len >= 1 and horizon >= 0, got {context_len}, {horizon}")
 
@@ -69,12 +85,15 @@ class WindowDataset(Dataset):
         start = int(self.starts[i])
         hist = slice(start, start + self.context_len)
         fut = slice(start + self.context_len, start + self.context_len + self.horizon)
+        fut_known = self.known[fut]
+        if self.fut_known_transform is not None:
+            fut_known = self.fut_known_transform(fut_known, row=fut.start)
         return {
             "hist_target": self.target[hist],
             "hist_known": self.known[hist],
             "hist_observed": self.observed[hist],
             "fut_target": self.target[fut],
-            "fut_known": self.known[fut],
+            "fut_known": fut_known,
             "fut_observed": self.observed[fut],
             "window": torch.tensor(i, dtype=torch.int64),
         }
