@@ -12,8 +12,11 @@ their metrics are `test/<name>_*`.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import torch
 from sklearn.linear_model import LinearRegression
+
+from tsformer.data.forecast_noise import scaler_affine
 
 
 class Persistence:
@@ -61,3 +64,64 @@ class PerRowRegressor:
         pred = self.estimator.predict(inputs.reshape(B * T, D).detach().cpu().numpy())  # (B*T,) or (B*T, Dy)
         pred = pred.reshape(B, T, -1)  # (B, T, Dy)
         return torch.as_tensor(pred, dtype=inputs.dtype, device=inputs.device)
+
+
+class PowerCurve:
+    """Wind power forecast: the manufacturer's power curve at the forecast wind speed of each future step.
+
+    What an operator has without any learning: the curve applied to the weather forecast, which is
+    the same future wind the model gets (noisy in the forecast-error setting). It knows nothing of
+    curtailment or downtime. The curve is read off the train rows of a column carried beside the
+    model's (`extra_cols` of the DataModule, e.g. T1's `theoretical_power`): the median of
+    (wind speed, curve) in bins of `bin_width` m/s, made non-decreasing, interpolated in between and
+    held constant beyond the ends (np.interp). Needs one target, the power.
+    """
+
+    def __init__(
+        self,
+        speed_col: str = "wind_speed",
+        curve_col: str = "theoretical_power",
+        target_col: str = "power",
+        bin_width: float = 0.1,
+        name: str = "baseline_power_curve",
+    ):
+        self.speed_col, self.curve_col, self.target_col = speed_col, curve_col, target_col
+        self.bin_width = float(bin_width)
+        self.name = name
+
+    def fit(self, datamodule) -> None:
+        if datamodule.target_names != [self.target_col]:
+            raise ValueError(f"{self.name} predicts {self.target_col!r} only, not {datamodule.target_names}")
+        if self.speed_col not in datamodule.schema.known_cols:
+            raise ValueError(f"{self.name} needs {self.speed_col!r} among the known covariates")
+        frame = datamodule.frame
+        if self.curve_col not in frame.columns:
+            raise ValueError(f"{self.name} needs the column {self.curve_col!r} in data.extra_cols")
+        rows = np.unique(datamodule.datasets["train"].target_rows())  # train rows some window predicts
+        speed = frame[self.speed_col].to_numpy()[rows]
+        curve = frame[self.curve_col].to_numpy()[rows]
+        ok = np.isfinite(speed) & np.isfinite(curve)
+        table = (
+            pd.DataFrame({"speed": speed[ok], "power": curve[ok]})
+            .groupby(np.floor(speed[ok] / self.bin_width).astype(np.int64))
+            .median()
+        )  # one row per speed bin, in increasing order
+        self.speeds = table["speed"].to_numpy()
+        self.powers = np.maximum.accumulate(table["power"].to_numpy())  # monotone up to rated power
+
+        k = datamodule.schema.known_cols.index(self.speed_col)
+        scale, offset = scaler_affine(datamodule.covariate_scaler, datamodule.covariate_scaler.n_features_in_)
+        self._speed_index, self._speed_scale, self._speed_offset = k, scale[k], offset[k]
+        self._target_scale, self._target_offset = scaler_affine(datamodule.target_scaler, 1)
+
+    def curve(self, speed: np.ndarray) -> np.ndarray:
+        """Power (kW) at wind speeds (m/s), any shape."""
+        return np.interp(speed, self.speeds, self.powers)
+
+    def predict(self, batch: dict) -> torch.Tensor:
+        fut_known = batch["fut_known"]  # (B, M, Dk) scaled
+        speed = fut_known[..., self._speed_index].detach().cpu().numpy()  # (B, M) scaled
+        speed = speed * self._speed_scale + self._speed_offset  # m/s
+        power = self.curve(speed)[..., None]  # (B, M, 1) kW
+        scaled = (power - self._target_offset) / self._target_scale
+        return torch.as_tensor(scaled, dtype=fut_known.dtype, device=fut_known.device)
