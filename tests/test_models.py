@@ -248,3 +248,14 @@ def test_encoder_decoder_and_forecast_head_learn_to_forecast():
         head_mse = F.mse_loss(head(hist_t), y_t[:, n:]).item()
     assert ed_mse < 0.2 * mean_mse, (ed_mse, mean_mse)
     assert head_mse < 0.5 * mean_mse, (head_mse, mean_mse)
+
+
+def test_linear_skip_adds_a_per_step_linear_map_of_the_inputs():
+    torch.manual_seed(0)
+    model = EncoderOnly(EncoderOnlyConfig(d_in=3, d_out=2, linear_skip=True, **TINY)).eval()
+    x = torch.randn(2, 7, 3)
+    with torch.no_grad():
+        transformer_only = model.head(model.encode(x))
+        assert torch.allclose(model(x), transformer_only + model.linear_skip(x), atol=1e-6)
+    with pytest.raises(ValueError, match="linear_skip belongs to the per_step head"):
+        EncoderOnly(EncoderOnlyConfig(d_in=3, head="classification", linear_skip=True, **TINY))

@@ -14,8 +14,8 @@ from tsformer.train import run
 N_STEPS = 400  # per series: enough for train/val/test windows of the enc_dec default (30 -> 70)
 
 
-def config_for(csv_path, out_dir):
-    overrides = [o for o in TINY if not o.startswith("data.source.")]
+def config_for(csv_path, out_dir, extra=()):
+    overrides = [o for o in TINY if not o.startswith("data.source.")] + list(extra)
     overrides += [
         "data=csv",
         f"data.source={csv_path}",
@@ -80,3 +80,12 @@ def test_good_csv_trains_and_a_crash_after_start_marks_the_run_failed(in_tmp, mo
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(config_for(path, in_tmp / "crash"))
     assert sorted(statuses(in_tmp)) == ["FAILED", "FINISHED"]
+
+
+
+def test_logger_none_trains_without_mlflow(in_tmp):
+    path = in_tmp / "plant.csv"
+    good_table(N_STEPS).to_csv(path, index=False)
+    result = run(config_for(path, in_tmp / "out", extra=["logger=none"]))
+    assert result.run_id is None and result.csv_path.exists()
+    assert not (in_tmp / "mlflow.db").exists()

@@ -21,6 +21,7 @@ import joblib
 import lightning as L
 import pandas as pd
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import tracking
@@ -84,6 +85,8 @@ def run(cfg: DictConfig) -> RunResult:
     loggers = _instantiate_group(cfg.get("logger"))
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
 
     if mlflow_logger is not None:
@@ -157,10 +160,11 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
     lines = ["", "=" * 72]
     if logger is not None:
         lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    lines.append(f"{'test metric':<{width}}" + "".join(f"{c:>16}" for c in columns))
+    col = max(14, *(len(c) for c in columns)) + 2
+    lines.append(f"{'test metric':<{width}}" + "".join(f"{c:>{col}}" for c in columns))
     for name in names:
         keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
-        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>16.4f}" for k in keys))
+        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     lines.append(f"forecasts CSV: {csv_path.resolve()}")
     lines.append("=" * 72)
     print("\n".join(lines))

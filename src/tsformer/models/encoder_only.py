@@ -5,7 +5,10 @@ observations to outputs at the same time: `Y = F(X)`, like a sensor-calibration 
 
 Heads:
 - `per_step`: state reconstruction, `(B, N, d_in) -> (B, N, d_out)` (infer hidden states from
-  observed inputs over the same window);
+  observed inputs over the same window). With `linear_skip`, a linear map of each step's own inputs
+  is added to the output, so the Transformer learns what a per-row linear regression misses; the
+  linear part extrapolates when a plant drifts outside the training range, where a network alone
+  saturates;
 - `classification`: `(B, N, d_in) -> (B, n_classes)` logits, pooled from a learned `[CLS]` token
   (prepended at position 0) or by the mean over real steps;
 - `forecast`: `(B, N, d_in) -> (B, M, d_out)`: the N encoder outputs flattened and mapped to M future
@@ -39,6 +42,7 @@ class EncoderOnlyConfig(TransformerConfig):
     pooling: str = "cls"  # classification head: "cls" token or "mean" over real steps
     context_len: int = 100  # forecast head: the fixed window length N it flattens
     horizon: int = 1  # forecast head: the M steps it outputs
+    linear_skip: bool = False  # per_step head: add Linear(inputs of the step) to the output
 
 
 class EncoderOnly(nn.Module):
@@ -56,6 +60,9 @@ class EncoderOnly(nn.Module):
         self.use_cls = cfg.head == "classification" and cfg.pooling == "cls"
         if self.use_cls:
             self.cls_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02)
+        if cfg.linear_skip and cfg.head != "per_step":
+            raise ValueError(f"linear_skip belongs to the per_step head, not to head={cfg.head!r}")
+        self.linear_skip = nn.Linear(cfg.d_in, cfg.d_out) if cfg.linear_skip else None
         if cfg.head == "per_step":
             self.head = nn.Linear(cfg.d_model, cfg.d_out)
         elif cfg.head == "classification":
@@ -85,7 +92,8 @@ class EncoderOnly(nn.Module):
         B, N, _ = x.shape
         h = self.encode(x, valid)
         if self.cfg.head == "per_step":
-            return self.head(h)  # (B, N, d_out)
+            out = self.head(h)  # (B, N, d_out)
+            return out + self.linear_skip(x) if self.linear_skip is not None else out
         if self.cfg.head == "classification":
             if self.use_cls:
                 pooled = h[:, 0]  # (B, d_model)
