@@ -34,13 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from tsformer.train import CONFIG_DIR, run
+from tsformer.train import compose_config, run
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 QUICK = [
@@ -54,21 +51,9 @@ QUICK = [
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger.mlflow.experiment_name=examples"]
 
 
-def compose_run_config(overrides: list[str], output_dir: Path):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
-
-
 def data_sizes(overrides: list[str]) -> dict[str, int]:
     """Channel counts of the data (the model's input/output sizes), read without simulating it."""
-    cfg = compose_run_config(overrides, Path(tempfile.mkdtemp()))
+    cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
     with open_dict(cfg):
         cfg.data.source = "unused"  # names and sizes come from the column lists alone
     dm = instantiate(cfg.data)
@@ -76,7 +61,7 @@ def data_sizes(overrides: list[str]) -> dict[str, int]:
 
 
 def count_params(overrides: list[str], sizes: dict[str, int]) -> int:
-    cfg = compose_run_config(overrides, Path(tempfile.mkdtemp()))
+    cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
     task = instantiate(cfg.model, _convert_="all", **sizes)
     return sum(p.numel() for p in task.net.parameters())
 
@@ -179,7 +164,7 @@ def main() -> None:
             results = []
             for seed in seeds:
                 out = out_root / name / label.replace(" ", "_").replace(",", "") / f"seed{seed}"
-                cfg = compose_run_config([*overrides, f"seed={seed}"], out)
+                cfg = compose_config([*overrides, f"seed={seed}"], out)
                 results.append(run(cfg))
             metrics = [r.metrics for r in results]
             variables = sorted(k.removeprefix("test/mae_orig/") for k in metrics[0] if k.startswith("test/mae_orig/"))

@@ -1,16 +1,10 @@
-"""Shared helpers: compose the real configs from conf/, as train.py does."""
+"""Shared helpers: tiny settings for end-to-end runs, and an empty working folder."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
-
-from tsformer.train import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,19 +23,6 @@ TINY = [
     "data.source.n_steps=800",
     "n_plot_windows=2",
 ]
-
-
-def compose_config(overrides: list[str], output_dir: Path):
-    """The config train.py would get, with Hydra's runtime set so `${hydra:...}` resolves."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]  # as in hydra.main: the job's config without Hydra's own section
-    return cfg
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from conftest import compose_config
-from tsformer.train import CONFIG_DIR, _instantiate_group
+from tsformer.train import CONFIG_DIR, _instantiate_group, compose_config
 
 CONF = Path(CONFIG_DIR)
 

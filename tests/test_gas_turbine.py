@@ -17,11 +17,11 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.multioutput import MultiOutputRegressor
 from sklearn.neural_network import MLPRegressor
 
-from conftest import TINY, compose_config
+from conftest import TINY
 from tsformer.data import find_segments, load_gas_turbine
 from tsformer.data.gas_turbine import COLUMNS
 from tsformer.data.schema import fixed_step
-from tsformer.train import _instantiate_group, run
+from tsformer.train import _instantiate_group, compose_config, run
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gas_turbine"
 if not DATA.is_dir():

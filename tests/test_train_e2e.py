@@ -16,7 +16,8 @@ import pytest
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 
-from conftest import REPO, TINY, compose_config
+from conftest import REPO, TINY
+from tsformer.train import compose_config
 
 FAMILIES = ["enc_only", "dec_only", "enc_dec"]
 METRICS = [

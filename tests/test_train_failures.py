@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from mlflow import MlflowClient
 
-from conftest import TINY, compose_config
+from conftest import TINY
 from test_data_validation import BAD_INPUTS, good_table  # the data tests' broken tables, here through train.run
 from tsformer.data import DataValidationError
-from tsformer.train import run
+from tsformer.train import compose_config, run
 
 N_STEPS = 400  # per series: enough for train/val/test windows of the enc_dec default (30 -> 70)
 

@@ -17,12 +17,12 @@ import torch
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 
-from conftest import TINY, compose_config
+from conftest import TINY
 from tsformer.data import ForecastNoise, TimeSeriesDataModule, find_segments, load_wind_scada
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.simulators import power_curve
 from tsformer.tasks.baselines import PowerCurve
-from tsformer.train import run
+from tsformer.train import compose_config, run
 
 T1 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wind_turbine_scada" / "T1.csv"
 needs_t1 = pytest.mark.skipif(not T1.is_file(), reason=f"real data not here: {T1}")

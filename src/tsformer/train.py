@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 import joblib
 import lightning as L
 import pandas as pd
@@ -32,6 +35,22 @@ log = logging.getLogger(__name__)
 
 # conf/ sits at the top of the repository: found from this file, so any working directory works.
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def compose_config(overrides: list[str], output_dir: str | Path) -> DictConfig:
+    """The config `python train.py <overrides>` would run, for scripts and tests calling `run`.
+
+    Hydra's runtime is set so that `${hydra:runtime.output_dir}` resolves to `output_dir`.
+    """
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in hydra.main: the job's config without Hydra's own section
+    return cfg
 
 
 def _instantiate_group(group: DictConfig | None) -> list:

@@ -8,38 +8,16 @@ but no timestamp, so `load_gas_turbine` builds synthetic ones (see its docstring
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 import pandas as pd
+
+from tsformer.data.sources import find_first
 
 log = logging.getLogger(__name__)
 
 DATASET = 'UCI Machine Learning Repository, "Gas Turbine CO and NOx Emission Data Set"'
 COLUMNS = ["AT", "AP", "AH", "AFDP", "GTEP", "TIT", "TAT", "TEY", "CDP", "CO", "NOX"]
 SERIES_ID = "gt"
-# Relative folders are also looked up here, so that `train.py` finds the data from any working directory.
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def find_folder(folder) -> Path:
-    """The first existing folder among the candidates (one path or a list of paths).
-
-    A relative candidate is tried in the working directory, then under the repository root.
-    """
-    candidates = [folder] if isinstance(folder, (str, os.PathLike)) else list(folder)
-    tried = []
-    for candidate in candidates:
-        path = Path(candidate).expanduser()
-        places = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
-        for place in places:
-            if place.is_dir():
-                return place.resolve()
-            tried.append(str(place))
-    raise FileNotFoundError(
-        f"gas turbine data not found; folders tried: {', '.join(tried)}. Download the {DATASET} "
-        "and put its year files gt_2011.csv .. gt_2014.csv in one of them (or set data.source.folder)"
-    )
 
 
 def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
@@ -53,7 +31,12 @@ def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
     """
     if not list(years):
         raise ValueError("no years asked for: give at least one of 2011..2014")
-    root = find_folder(folder)
+    root = find_first(
+        folder,
+        want_dir=True,
+        hint=f"gas turbine data not found: download the {DATASET} and put its year files gt_2011.csv .. "
+        "gt_2014.csv in one of these folders (or set data.source.folder)",
+    )
     frames = []
     for year in (int(y) for y in years):
         path = root / f"gt_{year}.csv"

@@ -12,13 +12,11 @@ power-curve baseline (`tasks.baselines.PowerCurve`).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from tsformer.data.schema import DataValidationError, describe_row
+from tsformer.data.sources import find_first
 
 SERIES_ID = "T1"
 TIME_FORMAT = "%d %m %Y %H:%M"  # e.g. "01 01 2018 00:10"
@@ -34,28 +32,6 @@ WHERE_FROM = (
     'Kaggle dataset "Wind Turbine Scada Dataset" by berkerisen (file T1.csv); '
     "see ../shared/data/wind_turbine_scada/SOURCE.md"
 )
-# Relative candidates are also tried under the repository root, so train.py works from any folder.
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def find_file(path) -> Path:
-    """The first existing file among the candidates (one path or a list); relative paths are tried in
-    the working directory, then under the repository root."""
-    candidates = [path] if isinstance(path, (str, os.PathLike)) else list(path)
-    tried = []
-    for candidate in candidates:
-        candidate = Path(candidate).expanduser()
-        places = [candidate] if candidate.is_absolute() else [Path.cwd() / candidate, REPO_ROOT / candidate]
-        for place in places:
-            if place.is_file():
-                return place
-            tried.append(str(place))
-    raise FileNotFoundError(
-        f"wind turbine SCADA file not found; tried: {', '.join(tried)}. Get T1.csv from the {WHERE_FROM}, "
-        "and put it at one of these paths or set data.source.path"
-    )
-
-
 def load_wind_scada(path, start=None, end=None) -> pd.DataFrame:
     """T1.csv as a tidy table, one row per 10-minute step present in the file.
 
@@ -63,7 +39,12 @@ def load_wind_scada(path, start=None, end=None) -> pd.DataFrame:
     wind_direction_cos, theoretical_power` (kW, m/s, degrees). `start`/`end` keep the times in
     [start, end) (e.g. a small slice for tests). Gaps stay gaps: nothing is filled in.
     """
-    file = find_file(path)
+    file = find_first(
+        path,
+        want_dir=False,
+        hint=f"wind turbine SCADA file not found: get T1.csv from the {WHERE_FROM} and put it at one of "
+        "these paths (or set data.source.path)",
+    )
     # encoding_errors: some copies of the file spell the degree sign in Latin-1
     raw = pd.read_csv(file, encoding_errors="replace")
     names = {}
