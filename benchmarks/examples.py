@@ -142,6 +142,7 @@ def mean_sd(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", help="example names to run")
+    parser.add_argument("--runs", nargs="+", help="run labels to keep within the examples (e.g. enc_dec)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true", help="tiny settings and one seed (a smoke run)")
     args = parser.parse_args()
@@ -161,6 +162,8 @@ def main() -> None:
             target = count_params(reference, sizes)
             runs = {label: ov if ov is reference else match_budget(ov, target, sizes) for label, ov in runs.items()}
         for label, overrides in runs.items():
+            if args.runs and label not in args.runs:
+                continue
             results = []
             for seed in seeds:
                 out = out_root / name / label.replace(" ", "_").replace(",", "") / f"seed{seed}"

@@ -5,8 +5,11 @@
 - `DecoderOnlyForecaster` (`dec_only`): one token per step over history + future; teacher-forced
   over the whole window in training, generated step by step after the history at evaluation.
   Past-only (observed) covariates are predicted and fed back like targets (unknown in the future).
-- `EncoderForecaster` (`enc_only_forecast`): the encoder-only model whose N outputs are mapped to M
-  steps by one linear layer; the documents' point of comparison for the encoder-decoder.
+- `EncoderForecaster` (`enc_only_forecast`): the encoder-only model whose outputs are mapped to M
+  steps by one linear layer; the documents' point of comparison for the encoder-decoder. So that
+  the comparison is about the architecture, not about information, it sees what the others see:
+  the N history steps and, when there are known covariates, M more tokens carrying the known
+  covariates of the future steps (their target and observed channels zero, and a flag channel 1).
 
 Evaluation always predicts the future without looking at it: only `hist_*` and `fut_known` enter
 `predict_target`.
@@ -92,19 +95,37 @@ class EncoderForecaster(_Forecaster):
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
+        n_tokens = hp.context_len + (hp.horizon if hp.d_known > 0 else 0)
         return EncoderOnly(
             EncoderOnlyConfig(
                 **net,
-                d_in=hp.d_target + hp.d_known + hp.d_observed,
+                d_in=hp.d_target + hp.d_known + hp.d_observed + 1,  # + the "future step" flag
                 d_out=hp.d_target,
                 head="forecast",
-                context_len=hp.context_len,
+                context_len=n_tokens,
                 horizon=hp.horizon,
             )
         )
 
+    def tokens(self, batch: dict) -> torch.Tensor:
+        """History steps, then (with known covariates) the future steps' known covariates:
+        `(B, N [+ M], Dy + Dk + Do + 1)`; the last channel flags future steps."""
+        hist = history(batch)
+        B, N, _ = hist.shape
+        hist = torch.cat([hist, hist.new_zeros(B, N, 1)], dim=-1)  # (B, N, D + 1)
+        if self.hparams.d_known == 0:
+            return hist
+        fut_known = batch["fut_known"]  # (B, M, Dk)
+        M = fut_known.shape[1]
+        Dy, Do = self.hparams.d_target, self.hparams.d_observed
+        fut = torch.cat(
+            [fut_known.new_zeros(B, M, Dy), fut_known, fut_known.new_zeros(B, M, Do), fut_known.new_ones(B, M, 1)],
+            dim=-1,
+        )  # (B, M, D + 1): targets and observed covariates unknown in the future
+        return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)
+
     def training_loss(self, batch: dict) -> torch.Tensor:
-        return self.loss_fn(self.net(history(batch)), batch["fut_target"])
+        return self.loss_fn(self.net(self.tokens(batch)), batch["fut_target"])
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.net(history(batch))  # (B, M, Dy)
+        return self.net(self.tokens(batch))  # (B, M, Dy)

@@ -1,0 +1,40 @@
+"""The forecasting tasks never look at the future they predict: only history and known covariates."""
+
+import pytest
+import torch
+
+from tsformer.tasks import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
+
+NET = {"d_model": 16, "n_heads": 2, "n_layers": 1}
+N, M, DY, DK, DO = 12, 6, 2, 3, 1
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    return {
+        "hist_target": r(4, N, DY),
+        "hist_known": r(4, N, DK),
+        "hist_observed": r(4, N, DO),
+        "fut_target": r(4, M, DY),
+        "fut_known": r(4, M, DK),
+        "fut_observed": r(4, M, DO),
+        "window": torch.arange(4),
+    }
+
+
+@pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
+def test_predictions_use_history_and_known_future_only(task_cls):
+    torch.manual_seed(0)
+    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M).eval()
+    b = batch()
+    with torch.no_grad():
+        pred = task.predict_target(b)
+        assert pred.shape == (4, M, DY)
+        leaked = dict(b, fut_target=b["fut_target"] + 10.0, fut_observed=b["fut_observed"] - 10.0)
+        assert torch.allclose(task.predict_target(leaked), pred, atol=1e-6)  # the truth is never read
+        informed = dict(b, fut_known=b["fut_known"] + 1.0)
+        assert (task.predict_target(informed) - pred).abs().max() > 1e-4  # the known future is used
