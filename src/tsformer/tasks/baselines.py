@@ -112,7 +112,7 @@ class PowerCurve:
         k = datamodule.schema.known_cols.index(self.speed_col)
         scale, offset = scaler_affine(datamodule.covariate_scaler, datamodule.covariate_scaler.n_features_in_)
         self._speed_index, self._speed_scale, self._speed_offset = k, scale[k], offset[k]
-        self._target_scale, self._target_offset = scaler_affine(datamodule.target_scaler, 1)
+        self._to_scaled = datamodule.transform_target  # kW -> the target's scaled units
 
     def curve(self, speed: np.ndarray) -> np.ndarray:
         """Power (kW) at wind speeds (m/s), any shape."""
@@ -123,5 +123,4 @@ class PowerCurve:
         speed = fut_known[..., self._speed_index].detach().cpu().numpy()  # (B, M) scaled
         speed = speed * self._speed_scale + self._speed_offset  # m/s
         power = self.curve(speed)[..., None]  # (B, M, 1) kW
-        scaled = (power - self._target_offset) / self._target_scale
-        return torch.as_tensor(scaled, dtype=fut_known.dtype, device=fut_known.device)
+        return torch.as_tensor(self._to_scaled(power), dtype=fut_known.dtype, device=fut_known.device)
