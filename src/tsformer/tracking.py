@@ -75,3 +75,63 @@ def end_run(logger: MLFlowLogger, failed: bool) -> None:
         logger.experiment.set_terminated(logger.run_id, "FAILED" if failed else "FINISHED")
     except Exception as err:  # the tracking server may be what failed; say so, keep the first error
         log.warning("could not set the MLflow run status: %s", err)
+
+
+def log_pyfunc_model(
+    logger: MLFlowLogger,
+    model_folder: Path,
+    example_input,
+    example_output,
+    registry_name: str | None = None,
+) -> str:
+    """Log the run's model folder as an MLflow pyfunc model at `model`; register it when named.
+
+    A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
+    nothing and needs no Hydra config. The signature is inferred from an example table and its
+    forecasts (a parameter `origin`, empty by default). Returns the model URI.
+    """
+    import tempfile
+    import warnings
+    from importlib.metadata import PackageNotFoundError, version
+
+    import mlflow
+    from mlflow.models import infer_signature
+
+    import tsformer
+    from tsformer import mlflow_model
+
+    with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
+        warnings.simplefilter("ignore", UserWarning)
+        signature = infer_signature(example_input, example_output, params={"origin": ""})
+    requirements = []
+    for package in ("torch", "lightning", "pandas", "numpy", "scikit-learn", "mlflow"):
+        try:
+            requirements.append(f"{package}=={version(package)}")
+        except PackageNotFoundError:
+            requirements.append(package)
+    client, run_id = logger.experiment, logger.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model"
+        mlflow.pyfunc.save_model(
+            path=str(path),
+            python_model=mlflow_model.__file__,
+            artifacts={"model_folder": str(model_folder)},
+            code_paths=[str(Path(tsformer.__file__).parent)],
+            signature=signature,
+            input_example=example_input,  # shown in the MLflow UI: the table layout a user must give
+            pip_requirements=requirements,
+        )
+        client.log_artifacts(run_id, str(path), "model")
+    uri = f"runs:/{run_id}/model"
+    if registry_name:
+        try:
+            client.get_registered_model(registry_name)
+        except mlflow.exceptions.MlflowException:
+            client.create_registered_model(registry_name)
+        run = client.get_run(run_id)
+        version_ = client.create_model_version(
+            registry_name, source=f"{run.info.artifact_uri}/model", run_id=run_id
+        )
+        log.info("registered %s as models:/%s/%s", uri, registry_name, version_.version)
+        uri = f"models:/{registry_name}/{version_.version}"
+    return uri

@@ -5,8 +5,9 @@ them together in order:
 1. the data module validates and windows the data (bad input fails here, before any run exists);
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
-4. the test forecasts go to a CSV in original units; figures, scalers, the checkpoint and the CSV
-   are logged to the MLflow run, which ends FINISHED, or FAILED on any error.
+4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
+   scalers: what `predict.py` needs) is written beside it; figures, scalers, the checkpoint, the CSV
+   and a pyfunc model are logged to the MLflow run, which ends FINISHED, or FAILED on any error.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import tracking
 from tsformer.export import forecasts_frame, write_csv
+from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import error_by_step_figure, forecast_windows_figure
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class RunResult:
     forecasts: pd.DataFrame  # the exported CSV's rows (original units)
     baseline_forecasts: pd.DataFrame  # the naive baseline's, same layout
     csv_path: Path
+    model_folder: Path  # what predict.py and Forecaster.load read
     best_val: float | None  # best monitored validation metric (val/mse by default)
     run_id: str | None
     n_params: int
@@ -123,21 +126,30 @@ def run(cfg: DictConfig) -> RunResult:
         forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
         csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
         baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
+        run_id = mlflow_logger.run_id if mlflow_logger is not None else None
+        info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
+        model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
+        # a round trip through the saved folder, as predict.py will do it: fails the run, not a user later
+        example = example_table(datamodule)
+        example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
         if mlflow_logger is not None:
             _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+            registry_name = (cfg.get("model_registry") or {}).get("name")
+            tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
             tracking.end_run(mlflow_logger, failed=False)
     except BaseException:
         if mlflow_logger is not None:
             tracking.end_run(mlflow_logger, failed=True)
         raise
 
-    _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path)
+    _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     return RunResult(
         metrics=metrics,
         forecasts=forecasts,
         baseline_forecasts=baseline,
         csv_path=csv_path,
+        model_folder=model_folder,
         best_val=float(score) if score is not None else None,
         run_id=mlflow_logger.run_id if mlflow_logger is not None else None,
         n_params=sum(p.numel() for p in task.net.parameters()),
@@ -169,9 +181,9 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
 
 
-def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path) -> None:
+def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:
     """The run id, each test metric of the model beside the baselines' (`baseline` = the naive one),
-    and where the CSV is."""
+    where the CSV is, and how to forecast with the model."""
     names = ["mse", "mae", "mae_orig", "rmse_orig"]
     names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
     width = max(len(n) for n in names) + 2
@@ -185,6 +197,8 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
         keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     lines.append(f"forecasts CSV: {csv_path.resolve()}")
+    ref = logger.run_id if logger is not None else model_folder.resolve()
+    lines.append(f"forecast new data: python predict.py {ref} <table.csv> --output forecasts.csv")
     lines.append("=" * 72)
     print("\n".join(lines))
 

@@ -87,12 +87,13 @@ class SeriesSchema:
         """Numeric columns in a fixed order: targets, then known, then observed covariates."""
         return [*self.target_cols, *self.known_cols, *self.observed_cols]
 
-    def validate(self, df: pd.DataFrame, source: str) -> pd.DataFrame:
+    def validate(self, df: pd.DataFrame, source: str, may_be_empty=()) -> pd.DataFrame:
         """Check `df` and return a clean copy sorted by (series, time).
 
         The returned frame keeps the original row number (position in the file) as its index, so that
         later errors can still point at the file. Times become datetime64[ns] (timezone-aware times
-        are converted to naive UTC), value columns float64.
+        are converted to naive UTC), value columns float64. Columns named in `may_be_empty` may hold
+        empty cells (NaN in the result; prediction files leave the future targets empty), never text.
         """
         source = str(source)
         df = df.reset_index(drop=True)  # index = data row number as in the file
@@ -107,7 +108,7 @@ class SeriesSchema:
             clean[self.series_col] = series
         clean[self.time_col] = times
         for col in self.value_cols:
-            clean[col] = self._parse_numeric(df[col], col, source, series, times)
+            clean[col] = self._parse_numeric(df[col], col, source, series, times, col in may_be_empty)
 
         self._check_time_order(clean, source)
         sort_keys = [self.series_col, self.time_col] if self.series_col else [self.time_col]
@@ -158,16 +159,16 @@ class SeriesSchema:
             )
         return times.astype("datetime64[ns]")
 
-    def _parse_numeric(self, raw: pd.Series, col, source, series, times) -> pd.Series:
+    def _parse_numeric(self, raw: pd.Series, col, source, series, times, may_be_empty=False) -> pd.Series:
         values = pd.to_numeric(raw, errors="coerce").astype("float64")
         missing = raw.isna().to_numpy()
-        if missing.any():
+        if missing.any() and not may_be_empty:
             row = int(np.flatnonzero(missing)[0])
             raise DataValidationError(
                 f"{source}: empty/NaN cell at {_where(source, col, row, self._sid(series, row), times[row])}"
                 f" ({int(missing.sum())} empty cell(s) in this column)"
             )
-        not_numeric = values.isna().to_numpy()
+        not_numeric = values.isna().to_numpy() & ~missing
         if not_numeric.any():
             row = int(np.flatnonzero(not_numeric)[0])
             raise DataValidationError(
@@ -175,7 +176,7 @@ class SeriesSchema:
                 f"{_where(source, col, row, self._sid(series, row), times[row])}"
                 f" ({int(not_numeric.sum())} such cell(s) in this column)"
             )
-        infinite = ~np.isfinite(values.to_numpy())
+        infinite = np.isinf(values.to_numpy())
         if infinite.any():
             row = int(np.flatnonzero(infinite)[0])
             raise DataValidationError(

@@ -1,0 +1,403 @@
+"""A trained model as a self-contained folder, and forecasts of the real future from a new table.
+
+Training writes the folder with `save_model_folder` (train.py does it for every run):
+- `tsformer.json`: the task class and its hyperparameters (network sizes, window), the data contract
+  (time, series, target, known-future and past-only columns, frequency, calendar features) and the
+  scalers fitted on the train rows, as plain numbers;
+- `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
+Nothing in it is pickled Python and nothing refers to Hydra or to `conf/`: `Forecaster.load(folder)`
+needs only the installed package.
+
+`Forecaster.predict(table)` takes what a user has at forecast time, in the layout of the training
+data: per series the observed history and, after it, rows for the future steps whose target cells are
+empty and whose known-future covariates are filled in (e.g. the weather forecast). The forecast origin
+of a series is its last row with every target observed (or `origin=` for all series); the model sees
+only the `context_len` rows up to the origin and the known covariates of the `horizon` rows after it.
+The result has the columns of training's forecasts CSV (`export.COLUMNS`); `y_true` holds the file's
+target values at the forecast times when there are any (backtesting), else NaN.
+
+Reconstruction models (horizon 0) rebuild the targets of every row from the inputs of its window:
+windows tile each gap-free run of rows; the last one is aligned to the run's end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from pandas.tseries.frequencies import to_offset
+
+from tsformer.data.calendar import calendar_features
+from tsformer.data.forecast_noise import scaler_affine
+from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
+from tsformer.export import COLUMNS
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "tsformer.json"
+WEIGHTS_FILE = "weights.pt"
+
+
+@dataclass
+class Affine:
+    """A fitted per-column scaler as numbers: original = scaled * scale + offset."""
+
+    scale: list[float]
+    offset: list[float]
+
+    @classmethod
+    def of(cls, scaler, n_columns: int) -> Affine:
+        scale, offset = scaler_affine(scaler, n_columns)
+        return cls(scale=[float(s) for s in scale], offset=[float(o) for o in offset])
+
+    def transform(self, values: np.ndarray) -> np.ndarray:
+        return (values - np.asarray(self.offset)) / np.asarray(self.scale)
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        return values * np.asarray(self.scale) + np.asarray(self.offset)
+
+
+@dataclass
+class DataContract:
+    """What a table must hold for the model, and how its values were scaled in training."""
+
+    time_col: str
+    series_col: str | None
+    target_cols: list[str]
+    known_cols: list[str]
+    observed_cols: list[str]
+    calendar: list[str]
+    freq: str  # pandas offset alias, e.g. "10min"
+    context_len: int
+    horizon: int
+    target_scaler: Affine
+    covariate_scaler: Affine | None  # known then observed columns; None when there are none
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DataContract:
+        d = dict(d)
+        d["target_scaler"] = Affine(**d["target_scaler"])
+        d["covariate_scaler"] = Affine(**d["covariate_scaler"]) if d["covariate_scaler"] else None
+        return cls(**d)
+
+    @property
+    def schema(self) -> SeriesSchema:
+        return SeriesSchema(
+            time_col=self.time_col,
+            target_cols=self.target_cols,
+            known_cols=self.known_cols,
+            observed_cols=self.observed_cols,
+            series_col=self.series_col,
+            freq=self.freq,
+        )
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.time_col, *([self.series_col] if self.series_col else []), *self.schema.value_cols]
+
+
+@dataclass
+class ModelInfo:
+    """Where the weights came from (for people; prediction does not depend on it)."""
+
+    family: str
+    dataset: str
+    run_id: str | None = None
+    git_commit: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
+    """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    schema = datamodule.schema
+    n_cov = len(schema.known_cols) + len(schema.observed_cols)
+    contract = DataContract(
+        time_col=schema.time_col,
+        series_col=schema.series_col,
+        target_cols=list(schema.target_cols),
+        known_cols=list(schema.known_cols),
+        observed_cols=list(schema.observed_cols),
+        calendar=list(datamodule.calendar),
+        freq=datamodule.freq.freqstr,
+        context_len=datamodule.context_len,
+        horizon=datamodule.horizon,
+        target_scaler=Affine.of(datamodule.target_scaler, datamodule.d_target),
+        covariate_scaler=Affine.of(datamodule.covariate_scaler, n_cov) if n_cov else None,
+    )
+    task_class = type(task)
+    config = {
+        "format_version": FORMAT_VERSION,
+        "task_class": f"{task_class.__module__}.{task_class.__qualname__}",
+        "hparams": _plain(dict(task.hparams)),
+        "data": asdict(contract),
+        "info": asdict(info),
+    }
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    state = {k: v.detach().cpu() for k, v in task.net.state_dict().items()}
+    torch.save(state, folder / WEIGHTS_FILE)
+    return folder
+
+
+def _plain(value):
+    """Hyperparameters as JSON values (Hydra may hand over tuples; numpy scalars sneak in)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class Forecaster:
+    """A trained network plus its data contract: tables in, forecasts (original units) out."""
+
+    def __init__(self, task, contract: DataContract, info: ModelInfo):
+        self.task = task.eval()
+        self.contract = contract
+        self.info = info
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Forecaster:
+        folder = Path(folder)
+        config_path = folder / CONFIG_FILE
+        if not config_path.is_file():
+            raise FileNotFoundError(
+                f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing (a training run writes "
+                "one to <run output folder>/model and logs it to MLflow)"
+            )
+        config = json.loads(config_path.read_text())
+        if config.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{config_path}: model format {config.get('format_version')!r}, this tsformer reads "
+                f"{FORMAT_VERSION}"
+            )
+        module, _, name = config["task_class"].rpartition(".")
+        task_class = getattr(importlib.import_module(module), name)
+        task = task_class(**config["hparams"])
+        state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        task.net.load_state_dict(state)
+        return cls(task, DataContract.from_dict(config["data"]), ModelInfo(**config["info"]))
+
+    # -- prediction -------------------------------------------------------------------------------
+
+    def predict(self, table: pd.DataFrame, origin=None, source: str = "input table") -> pd.DataFrame:
+        """Forecasts of every series in `table` (see the module docstring), original units."""
+        c = self.contract
+        clean = self._validate(table, source)
+        origin = None if origin is None else pd.Timestamp(origin)
+        windows = []  # (series id, start row, origin row, stop row) positions in `clean`
+        for sid, rows in _series_positions(clean, c).items():
+            if c.horizon > 0:
+                windows.append(self._forecast_window(clean, sid, rows, origin, source))
+            else:
+                windows.extend(self._reconstruction_windows(clean, sid, rows, source))
+        batch, times = self._batch(clean, windows)
+        with torch.inference_mode():
+            pred = torch.cat(
+                [self.task.predict_target(_slice(batch, i, i + 256)) for i in range(0, len(windows), 256)]
+            )  # (W, T_out, Dy) scaled
+        pred = c.target_scaler.inverse(pred.double().numpy())
+        return self._frame(clean, windows, times, pred)
+
+    def _validate(self, table: pd.DataFrame, source: str) -> pd.DataFrame:
+        c = self.contract
+        unknown = [col for col in table.columns if col not in c.columns]
+        if unknown:
+            raise DataValidationError(
+                f"{source}: unknown column(s) {unknown}; the model was trained on the columns {c.columns} "
+                f"(targets {c.target_cols}, known-future {c.known_cols}, past-only {c.observed_cols})"
+            )
+        schema = c.schema
+        # every value cell may be empty here; which ones must be filled depends on the window (below)
+        clean = schema.validate(table, source, may_be_empty=set(schema.value_cols))
+        return clean.reset_index(names="file_row")
+
+    def _step(self) -> pd.Timedelta:
+        return fixed_step(to_offset(self.contract.freq))
+
+    def _forecast_window(self, clean, sid, rows: np.ndarray, origin, source) -> tuple:
+        """(sid, first history row, origin row, last future row + 1) for one series, checked."""
+        c = self.contract
+        times = clean[c.time_col].to_numpy()[rows]
+        observed = ~clean[c.target_cols].iloc[rows].isna().any(axis=1).to_numpy()
+        if origin is not None:
+            candidates = np.flatnonzero(times <= origin.to_datetime64())
+            if not candidates.size:
+                raise DataValidationError(f"{source}: series {sid!r} has no row at or before origin {origin}")
+            at = candidates[-1]
+        else:
+            filled = np.flatnonzero(observed)
+            if not filled.size:
+                raise DataValidationError(
+                    f"{source}: series {sid!r} has no row with every target {c.target_cols} observed, so there "
+                    "is no history to forecast from"
+                )
+            at = filled[-1]
+        if at + 1 < c.context_len:
+            raise DataValidationError(
+                f"{source}: too little history in series {sid!r}: {at + 1} row(s) up to the forecast origin "
+                f"{pd.Timestamp(times[at])}, the model needs context_len={c.context_len}"
+            )
+        start, stop = at + 1 - c.context_len, at + 1 + c.horizon
+        n_future = len(rows) - (at + 1)
+        if n_future < c.horizon:
+            last = pd.Timestamp(times[at]) + c.horizon * self._step()
+            raise DataValidationError(
+                f"{source}: series {sid!r} has {n_future} row(s) after the forecast origin "
+                f"{pd.Timestamp(times[at])}, the model forecasts horizon={c.horizon} steps: add rows up to "
+                f"{last} with the known-future covariates {c.known_cols} filled in"
+            )
+        if n_future > c.horizon:
+            log.info(
+                "%s: series %r: %d row(s) after the first %d future steps are not used (the model's horizon)",
+                source, sid, n_future - c.horizon, c.horizon,
+            )
+        self._check_regular(clean, sid, rows[start:stop], source)
+        self._check_filled(clean, sid, rows[start : at + 1], [*c.target_cols, *c.known_cols, *c.observed_cols],
+                           source, "history")
+        self._check_filled(clean, sid, rows[at + 1 : stop], c.known_cols, source, "future")
+        return sid, rows[start], rows[at], rows[stop - 1] + 1
+
+    def _reconstruction_windows(self, clean, sid, rows: np.ndarray, source) -> list[tuple]:
+        """Windows tiling each gap-free run of the series (the last one aligned to the run's end)."""
+        c = self.contract
+        n = c.context_len
+        self._check_filled(clean, sid, rows, [*c.known_cols, *c.observed_cols], source, "input")
+        times = clean[c.time_col].to_numpy()[rows]
+        breaks = np.flatnonzero(np.diff(times) != self._step().to_timedelta64()) + 1
+        windows = []
+        for run in np.split(np.arange(len(rows)), breaks):
+            if len(run) < n:
+                raise DataValidationError(
+                    f"{source}: series {sid!r} has a gap-free run of {len(run)} row(s) from "
+                    f"{pd.Timestamp(times[run[0]])}, shorter than the model's window context_len={n}"
+                )
+            starts = list(range(0, len(run) - n + 1, n))
+            if starts[-1] + n < len(run):
+                starts.append(len(run) - n)
+            windows.extend((sid, rows[run[s]], rows[run[s]], rows[run[s]] + n) for s in starts)
+        return windows
+
+    def _check_regular(self, clean, sid, rows: np.ndarray, source) -> None:
+        step = self._step().to_timedelta64()
+        times = clean[self.contract.time_col].to_numpy()[rows]
+        wrong = np.flatnonzero(np.diff(times) != step)
+        if wrong.size:
+            i = wrong[0]
+            raise DataValidationError(
+                f"{source}: series {sid!r}: {pd.Timestamp(times[i + 1]) - pd.Timestamp(times[i])} from "
+                f"{pd.Timestamp(times[i])} to {pd.Timestamp(times[i + 1])}, inside the rows the forecast needs; "
+                f"the model was trained at a frequency of {self.contract.freq} (resample the data, or fill the gap)"
+            )
+
+    def _check_filled(self, clean, sid, rows: np.ndarray, columns: list[str], source, what: str) -> None:
+        part = clean.iloc[rows]
+        for col in columns:
+            empty = np.flatnonzero(part[col].isna().to_numpy())
+            if empty.size:
+                row = part.iloc[empty[0]]
+                raise DataValidationError(
+                    f"{source}: empty cell in column '{col}', series {sid!r}, time "
+                    f"{pd.Timestamp(row[self.contract.time_col])} (row {int(row['file_row'])}): the model needs "
+                    f"it as {what} ({empty.size} empty cell(s) of '{col}' there)"
+                )
+
+    def _batch(self, clean, windows) -> tuple[dict, np.ndarray]:
+        """The model's batch dict for the windows (scaled like training), and each window's times."""
+        c = self.contract
+        n, m = c.context_len, c.horizon
+        starts = np.array([w[1] for w in windows])
+        idx = starts[:, None] + np.arange(n + m)  # (W, N + M) rows of `clean`
+        times = clean[c.time_col].to_numpy()[idx]  # (W, N + M)
+        target = c.target_scaler.transform(clean[c.target_cols].to_numpy(np.float64))  # (rows, Dy)
+        covariates = clean[[*c.known_cols, *c.observed_cols]].to_numpy(np.float64)  # (rows, Dk + Do)
+        if c.covariate_scaler is not None:
+            covariates = c.covariate_scaler.transform(covariates)
+        known, observed = covariates[:, : len(c.known_cols)], covariates[:, len(c.known_cols) :]
+        if c.calendar:
+            known = np.hstack([known, calendar_features(clean[c.time_col], c.calendar).to_numpy()])
+
+        def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:
+            return torch.as_tensor(values[idx[:, lo:hi]], dtype=torch.float32)  # (W, hi - lo, D)
+
+        batch = {  # a reconstruction window (m = 0) is all "history"
+            "hist_target": part(target, 0, n),
+            "hist_known": part(known, 0, n),
+            "hist_observed": part(observed, 0, n),
+            # the future targets and past-only covariates are unknown: NaN, so any use would show
+            "fut_target": torch.full((len(windows), m, len(c.target_cols)), float("nan")),
+            "fut_known": part(known, n, n + m),
+            "fut_observed": torch.full((len(windows), m, len(c.observed_cols)), float("nan")),
+        }
+        if m == 0:  # reconstruction reads only the inputs: blank the targets for the same reason
+            batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))
+        return batch, times
+
+    def _frame(self, clean, windows, times: np.ndarray, pred: np.ndarray) -> pd.DataFrame:
+        """Rows as in training's CSV: window -> step -> variable."""
+        c = self.contract
+        n, m = c.context_len, c.horizon
+        W, T, Dy = pred.shape
+        first = n if m > 0 else 0
+        target_rows = np.array([w[1] for w in windows])[:, None] + first + np.arange(T)  # (W, T)
+        truth = clean[c.target_cols].to_numpy(np.float64)[target_rows]  # (W, T, Dy), NaN where empty
+        keep = np.ones((W, T), dtype=bool)
+        if m == 0:  # overlapping tail windows: each row once, from the window that reached it first
+            keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(W, T)
+        origin_pos = np.array([w[2] for w in windows])
+        sids = np.array([w[0] for w in windows])
+        w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")
+        sel = keep[w_idx, t_idx].ravel()
+        w_idx, t_idx, v_idx = w_idx.ravel()[sel], t_idx.ravel()[sel], v_idx.ravel()[sel]
+        frame = pd.DataFrame(
+            {
+                "series_id": sids[w_idx],
+                "origin_time": clean[c.time_col].to_numpy()[origin_pos][w_idx],
+                "target_time": times[:, first:][w_idx, t_idx],
+                "step": t_idx + (1 if m > 0 else 0),
+                "variable": np.asarray(c.target_cols, dtype=object)[v_idx],
+                "y_true": truth[w_idx, t_idx, v_idx],
+                "y_pred": pred[w_idx, t_idx, v_idx],
+            },
+            columns=COLUMNS,
+        )
+        return frame
+
+
+def _series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
+    """Series id -> positions of its rows in `clean` (sorted by time)."""
+    ids = series_ids(clean, contract.schema)
+    order = pd.Series(np.arange(len(clean))).groupby(ids, sort=False)
+    return {sid: positions.to_numpy() for sid, positions in order}
+
+
+def _slice(batch: dict, lo: int, hi: int) -> dict:
+    return {k: v[lo:hi] for k, v in batch.items()}
+
+
+def example_table(datamodule) -> pd.DataFrame:
+    """A prediction input as a user would lay it out, cut from the data module's table: the last
+    `context_len + horizon` gap-free rows of the last series, with the future rows' targets and
+    past-only covariates emptied (for reconstruction: one window, its targets emptied)."""
+    schema = datamodule.schema
+    n, m = datamodule.context_len, datamodule.horizon
+    columns = [schema.time_col, *([schema.series_col] if schema.series_col else []), *schema.value_cols]
+    frame = datamodule.frame
+    segments = find_segments(frame, schema, fixed_step(datamodule.freq), "example")
+    last = segments[segments.stop - segments.start >= n + m].iloc[-1]
+    table = frame.iloc[last.stop - n - m : last.stop][columns].reset_index(drop=True)
+    if m > 0:
+        table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
+    else:
+        table.loc[:, schema.target_cols] = np.nan
+    return table

@@ -1,0 +1,102 @@
+"""`python predict.py MODEL DATA --output forecasts.csv`: forecast new data with a trained model.
+
+MODEL is any of
+- an MLflow run id (the run's logged model) or a model URI: `runs:/<id>/model`, `models:/<name>/<version>`;
+- a folder: a run's output folder (`outputs/<date>/<time>`), its `model/` folder, or a downloaded
+  MLflow model folder.
+DATA is a CSV or Parquet table laid out like the training data: per series the observed history,
+then rows for the future steps with the target cells empty and the known-future covariates filled
+(see `tsformer.forecaster`). The forecasts CSV has the columns of training's export and is written
+atomically. MLflow is only used to fetch the model; the tracking URI is `--tracking-uri`, else
+`$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the current folder, as in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from tsformer.data.schema import DataValidationError
+from tsformer.data.sources import load_table
+from tsformer.export import write_csv
+from tsformer.forecaster import CONFIG_FILE, Forecaster
+
+log = logging.getLogger(__name__)
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# where a model folder lies inside the folders a user may point at
+MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
+
+
+def find_model_folder(folder: Path) -> Path:
+    for place in MODEL_FOLDER_PLACES:
+        if (folder / place / CONFIG_FILE).is_file():
+            return folder / place
+    raise FileNotFoundError(
+        f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
+        f"{', '.join(str(folder / p) for p in MODEL_FOLDER_PLACES)}"
+    )
+
+
+def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -> Path:
+    """The local model folder of a run id, model URI or folder (downloaded from MLflow if needed)."""
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        return find_model_folder(path)
+    if RUN_ID.match(reference):
+        reference = f"runs:/{reference}/model"
+    if not reference.startswith(("runs:/", "models:/")):
+        raise FileNotFoundError(
+            f"model {reference!r} is neither a folder nor an MLflow run id / runs:/ or models:/ URI"
+        )
+    import mlflow
+
+    from tsformer.tracking import absolute_sqlite_uri
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    mlflow.set_tracking_uri(absolute_sqlite_uri(uri))
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(download_to))
+    except mlflow.exceptions.MlflowException as err:
+        raise FileNotFoundError(f"cannot fetch model {reference!r} from MLflow at {uri}: {err}") from err
+    return find_model_folder(Path(local))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="MLflow run id, runs:/ or models:/ URI, or a model/run folder")
+    parser.add_argument("data", help="CSV or Parquet table: history plus future rows of known covariates")
+    parser.add_argument("--output", "-o", required=True, help="where to write the forecasts CSV")
+    parser.add_argument("--origin", help="forecast from this time for every series (default: each "
+                        "series' last row with all targets observed); later targets are ignored")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            forecaster = Forecaster.load(resolve_model(args.model, args.tracking_uri, Path(tmp)))
+        table = load_table(args.data)
+        forecasts = forecaster.predict(table, origin=args.origin, source=str(args.data))
+    except (DataValidationError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    path = write_csv(forecasts, args.output)
+    info = forecaster.info
+    origins = forecasts.groupby("series_id")["origin_time"].max()
+    print(
+        f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(origins)} series, "
+        f"{forecasts['step'].max()} steps, origin(s) {origins.min()} .. {origins.max()}\n"
+        f"forecasts CSV: {path.resolve()} ({len(forecasts)} rows)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
