@@ -197,6 +197,7 @@ class Forecaster:
         origin = None if origin is None else pd.Timestamp(origin)
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
         for sid, rows in _series_positions(clean, c).items():
+            self._check_frequency(clean, sid, rows, source)
             if c.horizon > 0:
                 windows.append(self._forecast_window(clean, sid, rows, origin, source))
             else:
@@ -217,6 +218,8 @@ class Forecaster:
                 f"{source}: unknown column(s) {unknown}; the model was trained on the columns {c.columns} "
                 f"(targets {c.target_cols}, known-future {c.known_cols}, past-only {c.observed_cols})"
             )
+        if c.horizon == 0:  # reconstruction rebuilds what is not measured: the targets may be left out
+            table = table.assign(**{col: np.nan for col in c.target_cols if col not in table.columns})
         schema = c.schema
         # every value cell may be empty here; which ones must be filled depends on the window (below)
         clean = schema.validate(table, source, may_be_empty=set(schema.value_cols))
@@ -288,6 +291,20 @@ class Forecaster:
             windows.extend((sid, rows[run[s]], rows[run[s]], rows[run[s]] + n) for s in starts)
         return windows
 
+    def _check_frequency(self, clean, sid, rows: np.ndarray, source) -> None:
+        """The series' most common step must be the model's (a gap here and there is checked later)."""
+        steps = np.diff(clean[self.contract.time_col].to_numpy()[rows])
+        if not steps.size:
+            return
+        values, counts = np.unique(steps, return_counts=True)
+        common = pd.Timedelta(values[np.argmax(counts)])
+        if common != self._step():
+            first = pd.Timestamp(clean[self.contract.time_col].iloc[rows[0]])
+            raise DataValidationError(
+                f"{source}: series {sid!r} (from time {first}) has rows {common} apart, but the model was "
+                f"trained on steps of {self._step()} (freq {self.contract.freq!r}): resample the data"
+            )
+
     def _check_regular(self, clean, sid, rows: np.ndarray, source) -> None:
         step = self._step().to_timedelta64()
         times = clean[self.contract.time_col].to_numpy()[rows]
@@ -297,7 +314,8 @@ class Forecaster:
             raise DataValidationError(
                 f"{source}: series {sid!r}: {pd.Timestamp(times[i + 1]) - pd.Timestamp(times[i])} from "
                 f"{pd.Timestamp(times[i])} to {pd.Timestamp(times[i + 1])}, inside the rows the forecast needs; "
-                f"the model was trained at a frequency of {self.contract.freq} (resample the data, or fill the gap)"
+                f"the model was trained on steps of {self._step()} (freq {self.contract.freq!r}): resample the "
+                "data, or fill the gap"
             )
 
     def _check_filled(self, clean, sid, rows: np.ndarray, columns: list[str], source, what: str) -> None:
