@@ -34,6 +34,7 @@ import torch
 from pandas.tseries.frequencies import to_offset
 
 from tsformer.data.calendar import calendar_features
+from tsformer.data.datamodule import static_codes
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
 from tsformer.export import COLUMNS
@@ -79,12 +80,16 @@ class DataContract:
     horizon: int
     target_scaler: Affine
     covariate_scaler: Affine | None  # known then observed columns; None when there are none
+    static_cols: list[str] = field(default_factory=list)
+    static_categorical_cols: list[str] = field(default_factory=list)
+    static_scaler: Affine | None = None
+    static_vocabularies: dict[str, list[str]] = field(default_factory=dict)  # categories seen in training
 
     @classmethod
     def from_dict(cls, d: dict) -> DataContract:
         d = dict(d)
-        d["target_scaler"] = Affine(**d["target_scaler"])
-        d["covariate_scaler"] = Affine(**d["covariate_scaler"]) if d["covariate_scaler"] else None
+        for key in ("target_scaler", "covariate_scaler", "static_scaler"):
+            d[key] = Affine(**d[key]) if d.get(key) else None
         return cls(**d)
 
     @property
@@ -96,11 +101,13 @@ class DataContract:
             observed_cols=self.observed_cols,
             series_col=self.series_col,
             freq=self.freq,
+            static_cols=self.static_cols,
+            static_categorical_cols=self.static_categorical_cols,
         )
 
     @property
     def columns(self) -> list[str]:
-        return [self.time_col, *([self.series_col] if self.series_col else []), *self.schema.value_cols]
+        return self.schema.columns
 
 
 @dataclass
@@ -132,6 +139,10 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         horizon=datamodule.horizon,
         target_scaler=Affine.of(datamodule.target_scaler, datamodule.d_target),
         covariate_scaler=Affine.of(datamodule.covariate_scaler, n_cov) if n_cov else None,
+        static_cols=list(schema.static_cols),
+        static_categorical_cols=list(schema.static_categorical_cols),
+        static_scaler=Affine.of(datamodule.static_scaler, datamodule.d_static_num) if schema.static_cols else None,
+        static_vocabularies=dict(datamodule.static_vocabularies),
     )
     task_class = type(task)
     config = {
@@ -142,7 +153,7 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         "info": asdict(info),
     }
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    state = {k: v.detach().cpu() for k, v in task.net.state_dict().items()}
+    state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings
     torch.save(state, folder / WEIGHTS_FILE)
     return folder
 
@@ -185,7 +196,7 @@ class Forecaster:
         task_class = getattr(importlib.import_module(module), name)
         task = task_class(**config["hparams"])
         state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-        task.net.load_state_dict(state)
+        task.load_state_dict(state)
         return cls(task, DataContract.from_dict(config["data"]), ModelInfo(**config["info"]))
 
     # -- prediction -------------------------------------------------------------------------------
@@ -205,7 +216,7 @@ class Forecaster:
         batch, times = self._batch(clean, windows)
         with torch.inference_mode():
             pred = torch.cat(
-                [self.task.predict_target(_slice(batch, i, i + 256)) for i in range(0, len(windows), 256)]
+                [self.task.forecast(_slice(batch, i, i + 256)) for i in range(0, len(windows), 256)]
             )  # (W, T_out, Dy) scaled
         pred = c.target_scaler.inverse(pred.double().numpy())
         return self._frame(clean, windows, times, pred)
@@ -344,6 +355,17 @@ class Forecaster:
         known, observed = covariates[:, : len(c.known_cols)], covariates[:, len(c.known_cols) :]
         if c.calendar:
             known = np.hstack([known, calendar_features(clean[c.time_col], c.calendar).to_numpy()])
+        static_num = clean[c.static_cols].to_numpy(np.float64)  # (rows, S_num)
+        if c.static_scaler is not None:
+            static_num = c.static_scaler.transform(static_num)
+        static_cat = np.zeros((len(clean), len(c.static_categorical_cols)), dtype=np.int64)  # (rows, S_cat)
+        for j, col in enumerate(c.static_categorical_cols):
+            static_cat[:, j] = static_codes(clean[col].astype(str), c.static_vocabularies[col])
+            unseen = sorted(set(clean[col].astype(str)[static_cat[:, j] == 0]))
+            if unseen:  # allowed (a new turbine), but the model knows nothing specific about it
+                log.warning(
+                    "static column '%s': %s not seen in training; they share the 'unseen' embedding", col, unseen
+                )
 
         def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:
             return torch.as_tensor(values[idx[:, lo:hi]], dtype=torch.float32)  # (W, hi - lo, D)
@@ -356,6 +378,8 @@ class Forecaster:
             "fut_target": torch.full((len(windows), m, len(c.target_cols)), float("nan")),
             "fut_known": part(known, n, n + m),
             "fut_observed": torch.full((len(windows), m, len(c.observed_cols)), float("nan")),
+            "static_num": torch.as_tensor(static_num[starts], dtype=torch.float32),  # (W, S_num)
+            "static_cat": torch.as_tensor(static_cat[starts], dtype=torch.int64),  # (W, S_cat)
         }
         if m == 0:  # reconstruction reads only the inputs: blank the targets for the same reason
             batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))
@@ -409,7 +433,7 @@ def example_table(datamodule) -> pd.DataFrame:
     past-only covariates emptied (for reconstruction: one window, its targets emptied)."""
     schema = datamodule.schema
     n, m = datamodule.context_len, datamodule.horizon
-    columns = [schema.time_col, *([schema.series_col] if schema.series_col else []), *schema.value_cols]
+    columns = schema.columns
     frame = datamodule.frame
     segments = find_segments(frame, schema, fixed_step(datamodule.freq), "example")
     last = segments[segments.stop - segments.start >= n + m].iloc[-1]

@@ -93,6 +93,8 @@ def run(cfg: DictConfig) -> RunResult:
         d_target=datamodule.d_target,
         d_known=datamodule.d_known,
         d_observed=datamodule.d_observed,
+        d_static_num=datamodule.d_static_num,
+        static_vocab_sizes=datamodule.static_vocab_sizes,
         target_names=datamodule.target_names,
         baselines=_instantiate_group(cfg.get("baselines")),  # extra ones, beside the naive baseline
     )

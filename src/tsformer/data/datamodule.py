@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 
+def static_codes(values, vocabulary: list[str]) -> np.ndarray:
+    """Category codes: 1 + position in `vocabulary`, 0 for a category not in it."""
+    lookup = {category: i + 1 for i, category in enumerate(vocabulary)}
+    return np.array([lookup.get(str(v), 0) for v in values], dtype=np.int64)
+
+
 def make_scaler(kind: str):
     """A fresh scikit-learn scaler: 'standard' (zero mean, unit variance), 'minmax' ([0, 1]) or 'none'."""
     if kind == "standard":
@@ -93,6 +99,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         seed: int = 0,
         future_known_noise=None,
         extra_cols: list[str] = (),
+        static_cols: list[str] = (),
+        static_categorical_cols: list[str] = (),
     ):
         super().__init__()
         self.source = source
@@ -104,6 +112,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
             observed_cols=observed_cols,
             series_col=series_col,
             freq=freq,
+            static_cols=static_cols,
+            static_categorical_cols=static_categorical_cols,
         )
         self.calendar = [str(f) for f in calendar_features]
         self.context_len, self.horizon = int(context_len), int(horizon)
@@ -126,6 +136,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
         self.target_scaler = None
         self.covariate_scaler = None  # None when there are no known/observed columns
+        self.static_scaler = None  # None when there are no static_cols
+        # per static categorical column, its categories seen in the train rows; code 0 = unseen
+        self.static_vocabularies: dict[str, list[str]] = {}
         self.frame: pd.DataFrame | None = None  # validated table + extra_cols, sorted by (series, time)
         self.datasets: dict[str, WindowDataset] = {}
         self._freq = None
@@ -156,6 +169,16 @@ class TimeSeriesDataModule(L.LightningDataModule):
     @property
     def d_observed(self) -> int:
         return len(self.observed_names)
+
+    @property
+    def d_static_num(self) -> int:
+        return len(self.schema.static_cols)
+
+    @property
+    def static_vocab_sizes(self) -> list[int]:
+        """Embedding table sizes of the static categorical columns: categories + 1 (unseen)."""
+        self.setup()
+        return [len(self.static_vocabularies[c]) + 1 for c in self.schema.static_categorical_cols]
 
     @property
     def freq(self) -> pd.DateOffset:
@@ -199,6 +222,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             )
 
         target, known, observed = self._scale(clean, times, split_of_row == 0)
+        static_num, static_cat = self._static(clean, split_of_row == 0)
         if self.future_known_noise is not None:
             self.future_known_noise.bind(self.schema.known_cols, self.covariate_scaler)
         self.frame = clean
@@ -214,7 +238,15 @@ class TimeSeriesDataModule(L.LightningDataModule):
             noise = self.future_known_noise  # each split's windows get their own forecast errors
             transform = partial(noise, split=i) if noise is not None else None
             datasets[split] = WindowDataset(
-                target, known, observed, starts, self.context_len, self.horizon, fut_known_transform=transform
+                target,
+                known,
+                observed,
+                starts,
+                self.context_len,
+                self.horizon,
+                fut_known_transform=transform,
+                static_num=static_num,
+                static_cat=static_cat,
             )
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 
@@ -297,6 +329,21 @@ class TimeSeriesDataModule(L.LightningDataModule):
             return np.ascontiguousarray(a, dtype=np.float32)
 
         return as_f32(target), as_f32(known), as_f32(observed)
+
+    def _static(self, clean: pd.DataFrame, is_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: static numbers scaled on the train rows `(rows, S_num)` float32, and static
+        categories as codes `(rows, S_cat)` int64 (1.. for categories of the train rows, 0 for others)."""
+        numbers = clean[self.schema.static_cols].to_numpy(dtype=np.float64)  # (rows, S_num)
+        if self.schema.static_cols:
+            self.static_scaler = make_scaler(self.scaler_kind).fit(numbers[is_train])
+            numbers = self.static_scaler.transform(numbers)
+        codes = np.zeros((len(clean), len(self.schema.static_categorical_cols)), dtype=np.int64)
+        for j, col in enumerate(self.schema.static_categorical_cols):
+            values = clean[col].astype(str).to_numpy()
+            vocabulary = sorted(set(values[is_train]))
+            self.static_vocabularies[col] = vocabulary
+            codes[:, j] = static_codes(values, vocabulary)
+        return np.ascontiguousarray(numbers, dtype=np.float32), codes
 
     def _no_window_error(self, source, split, in_split: np.ndarray, clean) -> DataValidationError:
         offset, n_target = target_span(self.context_len, self.horizon)

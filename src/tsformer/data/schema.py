@@ -11,6 +11,10 @@ Roles of the columns:
 - known_cols:    covariates known in advance for the future too (weather forecast, set-points).
 - observed_cols: covariates only measured, so known for the past only.
 - series_col:    identifies several series stacked in long format (optional).
+- static_cols:   numeric properties of a series that do not change over time (rated power, size).
+- static_categorical_cols: categories of a series (turbine model, site); may include series_col
+                 itself, which gives every series a learned embedding.
+Static columns must hold one value per series; the models see them as embeddings at every step.
 
 Gaps are not errors: consecutive timestamps further apart than the frequency split a series into
 contiguous segments (`find_segments`), and windows are cut inside segments only.
@@ -66,6 +70,8 @@ class SeriesSchema:
     observed_cols: list[str] = field(default_factory=list)
     series_col: str | None = None
     freq: str | None = None
+    static_cols: list[str] = field(default_factory=list)
+    static_categorical_cols: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         # Hydra hands over ListConfig objects and may hand over a single string: normalise to lists.
@@ -75,9 +81,14 @@ class SeriesSchema:
         self.target_cols = as_list(self.target_cols)
         self.known_cols = as_list(self.known_cols)
         self.observed_cols = as_list(self.observed_cols)
+        self.static_cols = as_list(self.static_cols)
+        self.static_categorical_cols = as_list(self.static_categorical_cols)
         if not self.target_cols:
             raise DataValidationError("SeriesSchema needs at least one target column")
-        used = [self.time_col, *self.value_cols] + ([self.series_col] if self.series_col else [])
+        # the series id may also be a static category (one embedding per series): not a second role
+        categories = [c for c in self.static_categorical_cols if c != self.series_col]
+        used = [self.time_col, *self.value_cols, *self.static_cols, *categories]
+        used += [self.series_col] if self.series_col else []
         repeated = sorted({c for c in used if used.count(c) > 1})
         if repeated:
             raise DataValidationError(f"columns given more than one role: {repeated}")
@@ -86,6 +97,13 @@ class SeriesSchema:
     def value_cols(self) -> list[str]:
         """Numeric columns in a fixed order: targets, then known, then observed covariates."""
         return [*self.target_cols, *self.known_cols, *self.observed_cols]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column the schema reads, in order: time, series id, values, static columns."""
+        series = [self.series_col] if self.series_col else []
+        categories = [c for c in self.static_categorical_cols if c != self.series_col]
+        return [self.time_col, *series, *self.value_cols, *self.static_cols, *categories]
 
     def validate(self, df: pd.DataFrame, source: str, may_be_empty=()) -> pd.DataFrame:
         """Check `df` and return a clean copy sorted by (series, time).
@@ -109,16 +127,21 @@ class SeriesSchema:
         clean[self.time_col] = times
         for col in self.value_cols:
             clean[col] = self._parse_numeric(df[col], col, source, series, times, col in may_be_empty)
+        for col in self.static_cols:
+            clean[col] = self._parse_numeric(df[col], col, source, series, times)
+        for col in self.static_categorical_cols:
+            if col != self.series_col:
+                clean[col] = self._parse_category(df[col], col, source, series, times)
 
         self._check_time_order(clean, source)
+        self._check_static(clean, source)
         sort_keys = [self.series_col, self.time_col] if self.series_col else [self.time_col]
         return clean.sort_values(sort_keys, kind="stable")
 
     # -- the individual checks -------------------------------------------------------------------
 
     def _check_columns_exist(self, df, source):
-        required = [self.time_col, *self.value_cols] + ([self.series_col] if self.series_col else [])
-        missing = [c for c in required if c not in df.columns]
+        missing = [c for c in self.columns if c not in df.columns]
         if missing:
             raise DataValidationError(
                 f"{source}: missing column(s) {missing}; the columns present are {list(df.columns)}"
@@ -184,6 +207,33 @@ class SeriesSchema:
                 f"{_where(source, col, row, self._sid(series, row), times[row])}"
             )
         return values
+
+    def _parse_category(self, raw: pd.Series, col, source, series, times) -> pd.Series:
+        missing = raw.isna().to_numpy()
+        if missing.any():
+            row = int(np.flatnonzero(missing)[0])
+            raise DataValidationError(
+                f"{source}: empty/NaN cell at {_where(source, col, row, self._sid(series, row), times[row])}"
+                f" ({int(missing.sum())} empty cell(s) in this static column)"
+            )
+        return raw.astype(str)  # categories are compared as text: 7 and "7" are one category
+
+    def _check_static(self, clean, source):
+        """A static column holds one value per series: the first row that differs is an error."""
+        categories = [c for c in self.static_categorical_cols if c != self.series_col]
+        groups = clean.groupby(self.series_col, sort=False) if self.series_col else [(None, clean)]
+        for col in [*self.static_cols, *categories]:
+            for sid, group in groups:
+                values = group[col].to_numpy()
+                differs = np.flatnonzero(values != values[0])
+                if differs.size:
+                    row = int(group.index[differs[0]])
+                    raise DataValidationError(
+                        f"{source}: static column '{col}' changes within a series: {values[differs[0]]!r} at "
+                        f"{_where(source, col, row, sid, group[self.time_col].to_numpy()[differs[0]])}, "
+                        f"but {values[0]!r} at {describe_row(source, int(group.index[0]))} (a static column "
+                        "holds one value per series; time-varying inputs are known_cols or observed_cols)"
+                    )
 
     def _check_time_order(self, clean, source):
         """Within each series timestamps must be unique and increasing in file order."""

@@ -50,7 +50,8 @@ class WindowDataset(Dataset):
     """Windows over shared arrays; an item is a dict of float32 tensors plus the window's index.
 
     Item shapes: hist_target (N, Dy), hist_known (N, Dk), hist_observed (N, Do),
-    fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), window () int64.
+    fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), static_num (S_num,),
+    static_cat (S_cat,) int64 category codes, window () int64.
 
     `fut_known_transform(fut_known, row=...)`, when given, replaces each window's future known
     covariates (e.g. a weather forecast's error, `forecast_noise.py`); `row` is the table row of the
@@ -66,11 +67,21 @@ class WindowDataset(Dataset):
         context_len: int,
         horizon: int,
         fut_known_transform: Callable[..., torch.Tensor] | None = None,
+        static_num=None,
+        static_cat=None,
     ):
         # torch.as_tensor shares memory with a float32 numpy array: nothing is copied here
         self.target = torch.as_tensor(target, dtype=torch.float32)  # (rows, Dy)
         self.known = torch.as_tensor(known, dtype=torch.float32)  # (rows, Dk)
         self.observed = torch.as_tensor(observed, dtype=torch.float32)  # (rows, Do)
+        rows = len(self.target)
+        # per row (constant within a series): scaled static numbers and static category codes
+        self.static_num = torch.as_tensor(
+            static_num if static_num is not None else np.zeros((rows, 0)), dtype=torch.float32
+        )  # (rows, S_num)
+        self.static_cat = torch.as_tensor(
+            static_cat if static_cat is not None else np.zeros((rows, 0)), dtype=torch.int64
+        )  # (rows, S_cat)
         self.starts = np.asarray(starts, dtype=np.int64)  # (W,)
         self.context_len = int(context_len)
         self.horizon = int(horizon)
@@ -95,6 +106,8 @@ class WindowDataset(Dataset):
             "fut_target": self.target[fut],
             "fut_known": fut_known,
             "fut_observed": self.observed[fut],
+            "static_num": self.static_num[start],
+            "static_cat": self.static_cat[start],
             "window": torch.tensor(i, dtype=torch.int64),
         }
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from tsformer.tasks.baselines import Persistence
+from tsformer.tasks.static import StaticCovariates
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
 
@@ -55,6 +56,9 @@ class WindowTask(L.LightningModule):
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.05,
         baselines: list | None = None,
+        d_static_num: int = 0,
+        static_vocab_sizes: list[int] | None = None,
+        static_embedding_dim: int = 4,
     ):
         super().__init__()
         if loss not in LOSSES:
@@ -63,6 +67,9 @@ class WindowTask(L.LightningModule):
         self.save_hyperparameters(logger=False, ignore=["baselines"])
         self.loss_fn = LOSSES[loss]
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
+        # static covariates enter as extra known channels of every step (see static.py)
+        self.static = StaticCovariates(d_static_num, static_vocab_sizes or [], static_embedding_dim)
+        self.d_known_in = d_known + self.static.width  # known channels the network reads
         self.net = self.build_net(dict(net))
 
         scaled = MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})
@@ -98,8 +105,16 @@ class WindowTask(L.LightningModule):
         raise NotImplementedError
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        """Prediction of the target steps, `(B, T_out, Dy)` scaled (T_out = M, or N for reconstruction)."""
+        """Prediction of the target steps, `(B, T_out, Dy)` scaled (T_out = M, or N for reconstruction).
+        The batch's known covariates include the static features (`forecast` adds them)."""
         raise NotImplementedError
+
+    def forecast(self, batch: dict) -> torch.Tensor:
+        """Prediction of a batch as it comes from the data (evaluation, `Forecaster.predict`)."""
+        return self.predict_target(self.static.append_to_known(batch))
+
+    def loss(self, batch: dict) -> torch.Tensor:
+        return self.training_loss(self.static.append_to_known(batch))
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]
@@ -111,7 +126,7 @@ class WindowTask(L.LightningModule):
     # -- Lightning hooks ----------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.training_loss(batch)
+        loss = self.loss(batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}); "
@@ -124,8 +139,8 @@ class WindowTask(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
-        self.log("val/loss", self.training_loss(batch), prog_bar=True, batch_size=B)
-        self.val_metrics.update(self.predict_target(batch).flatten(), self.true_target(batch).flatten())
+        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B)
+        self.val_metrics.update(self.forecast(batch).flatten(), self.true_target(batch).flatten())
         self.log_dict(self.val_metrics, batch_size=B)
 
     def on_test_start(self) -> None:
@@ -135,7 +150,7 @@ class WindowTask(L.LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true = self.true_target(batch)
-        preds = {"model": self.predict_target(batch)} | {b.name: b.predict(batch) for b in self.baselines}
+        preds = {"model": self.forecast(batch)} | {b.name: b.predict(batch) for b in self.baselines}
         true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
         for name, pred in preds.items():
             pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())

@@ -52,7 +52,10 @@ class EncoderDecoderForecaster(_Forecaster):
         hp = self.hparams
         return EncoderDecoder(
             EncoderDecoderConfig(
-                **net, d_enc_in=hp.d_target + hp.d_known + hp.d_observed, d_target=hp.d_target, d_known=hp.d_known
+                **net,
+                d_enc_in=hp.d_target + self.d_known_in + hp.d_observed,
+                d_target=hp.d_target,
+                d_known=self.d_known_in,
             )
         )
 
@@ -69,7 +72,7 @@ class DecoderOnlyForecaster(_Forecaster):
 
     def build_forecaster(self, net: dict) -> DecoderOnly:
         hp = self.hparams
-        return DecoderOnly(DecoderOnlyConfig(**net, d_target=hp.d_target + hp.d_observed, d_known=hp.d_known))
+        return DecoderOnly(DecoderOnlyConfig(**net, d_target=hp.d_target + hp.d_observed, d_known=self.d_known_in))
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         # autoregressive channels: targets, then observed covariates (predicted and fed back too)
@@ -95,11 +98,11 @@ class EncoderForecaster(_Forecaster):
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
-        n_tokens = hp.context_len + (hp.horizon if hp.d_known > 0 else 0)
+        n_tokens = hp.context_len + (hp.horizon if self.d_known_in > 0 else 0)
         return EncoderOnly(
             EncoderOnlyConfig(
                 **net,
-                d_in=hp.d_target + hp.d_known + hp.d_observed + 1,  # + the "future step" flag
+                d_in=hp.d_target + self.d_known_in + hp.d_observed + 1,  # + the "future step" flag
                 d_out=hp.d_target,
                 head="forecast",
                 context_len=n_tokens,
@@ -113,7 +116,7 @@ class EncoderForecaster(_Forecaster):
         hist = history(batch)
         B, N, _ = hist.shape
         hist = torch.cat([hist, hist.new_zeros(B, N, 1)], dim=-1)  # (B, N, D + 1)
-        if self.hparams.d_known == 0:
+        if self.d_known_in == 0:
             return hist
         fut_known = batch["fut_known"]  # (B, M, Dk)
         M = fut_known.shape[1]

@@ -19,7 +19,7 @@ class ReconstructionTask(WindowTask):
 
     def build_net(self, net: dict) -> EncoderOnly:
         hp = self.hparams
-        d_in = hp.d_known + hp.d_observed
+        d_in = self.d_known_in + hp.d_observed
         if d_in == 0:
             raise ValueError("state reconstruction needs input columns: set data.known_cols or data.observed_cols")
         if hp.horizon != 0:
