@@ -6,7 +6,8 @@ them together in order:
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; figures, scalers, the checkpoint and the CSV
-   are logged to the MLflow run, which ends FINISHED, or FAILED on any error.
+   are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM, or FAILED on any error.
+`resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import tracking
+from tsformer import resume, tracking
 from tsformer.export import forecasts_frame, write_csv
 from tsformer.plots import error_by_step_figure, forecast_windows_figure
 
@@ -75,7 +76,12 @@ class RunResult:
 
 
 def run(cfg: DictConfig) -> RunResult:
-    """Train, test and export one configuration."""
+    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names."""
+    resumed = resume.resolve(cfg) if cfg.get("resume") else None
+    if resumed is not None:
+        # The original run's own folder, not Hydra's new one: its checkpoints and outputs stay
+        # together, and ModelCheckpoint keeps its record of the best epoch only if its folder is unchanged.
+        cfg = resumed.config
     if cfg.trainer.get("limit_test_batches", 1.0) != 1.0:
         raise ValueError(
             f"trainer.limit_test_batches={cfg.trainer.limit_test_batches}: every test window is evaluated "
@@ -101,35 +107,46 @@ def run(cfg: DictConfig) -> RunResult:
                 entry.run_name = f"{task.family}-{datamodule.name}"
             if "tracking_uri" in entry:
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
+                if resumed is not None:
+                    entry.run_id = resumed.run_id
     loggers = _instantiate_group(cfg.get("logger"))
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
 
-    if mlflow_logger is not None:
-        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
-        tracking.start_run(mlflow_logger, cfg, tags)
-    try:
-        start = time.perf_counter()
-        trainer.fit(task, datamodule=datamodule)
-        fit_seconds = time.perf_counter() - start
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+    with resume.stop_on_sigterm():
+        try:
+            if mlflow_logger is not None and resumed is None:
+                tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
+                tags["output_dir"] = str(output_dir)
+                if trainer.checkpoint_callback:  # where resume=<run id> finds last.ckpt, even after SIGKILL
+                    tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
+                tracking.start_run(mlflow_logger, cfg, tags)
+            elif mlflow_logger is not None:
+                tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
+                tracking.resume_run(mlflow_logger, tags)
+            start = time.perf_counter()
+            ckpt_path = str(resumed.checkpoint) if resumed is not None else None
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            fit_seconds = time.perf_counter() - start
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
-        outputs = task.test_outputs
-        forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
-        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-        baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
-        if mlflow_logger is not None:
-            _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
-            tracking.end_run(mlflow_logger, failed=False)
-    except BaseException:
-        if mlflow_logger is not None:
-            tracking.end_run(mlflow_logger, failed=True)
-        raise
+            outputs = task.test_outputs
+            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
+            csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
+            if mlflow_logger is not None:
+                _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                tracking.end_run(mlflow_logger, "FINISHED")
+        except BaseException as err:
+            if mlflow_logger is not None:
+                tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_by_sigterm(err) else "FAILED")
+            raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path)
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
