@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
+from tsformer.resume import Terminated, stop_on_sigterm
 from tsformer.tasks.forecasting import EncoderDecoderForecaster
 from tsformer.train import compose_config, run
 
@@ -27,9 +29,10 @@ PER_EPOCH = ["train/loss", "val/loss", "val/mse", "val/mae", "lr-AdamW"]
 
 
 def train_py(cwd, overrides):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    path = [str(REPO / "src"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]  # tests/: StopOnce
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     cmd = [sys.executable, str(REPO / "train.py"), *overrides]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def stop_at_epoch_1(sig, folder) -> list[str]:
@@ -98,8 +101,10 @@ def test_sigkill_then_resume_by_run_id(in_tmp, reference):
     assert resumed.info.run_id == killed.info.run_id
     assert_same_as_reference(client, resumed.info.run_id, reference)
     # the outputs go where the original run's are
-    assert (in_tmp / "out" / "forecasts.csv").exists() and not (in_tmp / "resume_log" / "forecasts.csv").exists()
-    assert "checkpoints/best.ckpt" in {a.path for a in client.list_artifacts(resumed.info.run_id, "checkpoints")}
+    assert (in_tmp / "out" / "forecasts.csv").exists()
+    assert not (in_tmp / "resume_log" / "forecasts.csv").exists()
+    artifacts = {a.path for a in client.list_artifacts(resumed.info.run_id, "checkpoints")}
+    assert "checkpoints/best.ckpt" in artifacts
 
 
 def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
@@ -107,7 +112,8 @@ def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     (killed,) = all_runs(client_in(in_tmp))
 
-    result = run(compose_config([f"resume={in_tmp / 'out' / 'checkpoints' / 'last.ckpt'}"], in_tmp / "resume_log"))
+    last = in_tmp / "out" / "checkpoints" / "last.ckpt"
+    result = run(compose_config([f"resume={last}"], in_tmp / "resume_log"))
     assert result.run_id == killed.info.run_id
     assert result.metrics == reference["metrics"]
     assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
@@ -150,3 +156,13 @@ def test_nan_loss_names_the_step_and_fails_the_run(in_tmp, monkeypatch):
         run(compose_config(TINY, in_tmp / "out"))
     (failed,) = all_runs(client_in(in_tmp))
     assert failed.info.status == "FAILED"
+
+
+def test_sigterm_outside_the_trainer_stops_at_once():
+    """During data setup, export or uploads there is no training loop to stop at: SIGTERM raises now."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as stopped, stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # interrupted long before
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -82,8 +82,9 @@ class ResumeState(Callback):
         self._rng = checkpoint.get(CHECKPOINT_KEY, {}).get("rng")
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        # Not at load time: the sanity check a resumed run runs first draws from the global RNG
-        # (the validation loader's iterator); the run that never stopped had no such check here.
+        # Here, not at load time: the saved states are those this point had in the run that never
+        # stopped, whatever the resumed run draws before it (Lightning isolates its sanity check's
+        # draws today; a callback or a change there would otherwise shift dropout silently).
         if self._rng is not None:
             set_rng_states(self._rng)
             self._rng = None
@@ -110,7 +111,7 @@ def resolve(cfg: DictConfig) -> Resume:
     try:  # mmap: only the few small entries read here come from the disk
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
-        raise ValueError(f"resume={target}: cannot read the checkpoint {checkpoint}: {err}") from err
+        raise ValueError(f"resume={target}: cannot read {checkpoint} as a checkpoint: {err}") from err
     entry = state.get(CHECKPOINT_KEY)
     if entry is None:
         raise ValueError(
@@ -162,7 +163,8 @@ def _find_checkpoint(target: str, cfg: DictConfig) -> Path:
         return checkpoint
     if not RUN_ID.fullmatch(target):
         raise FileNotFoundError(
-            f"resume={target}: no such checkpoint file or run folder, and not an MLflow run id (32 hex digits)"
+            f"resume={target}: no such checkpoint file or run folder, "
+            "and not an MLflow run id (32 hex digits)"
         )
     uri = _tracking_uri(cfg)
     try:
@@ -191,7 +193,9 @@ def _refuse_finished(target: str, run_id: str, uri: str | None) -> None:
     # Lightning marks the run FINISHED when fit ends: only the test metrics say the whole run did
     run = MlflowClient(uri).get_run(run_id)
     if run.info.status == "FINISHED" and "test/mse" in run.data.metrics:
-        raise ValueError(f"resume={target}: MLflow run {run_id} has finished (test metrics logged): nothing to resume")
+        raise ValueError(
+            f"resume={target}: MLflow run {run_id} has finished (test metrics logged): nothing to resume"
+        )
 
 
 # -- SIGTERM ---------------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def resume_run(logger: MLFlowLogger, tags: dict[str, str]) -> str:
 
     # The resumed run repeats the epoch the run was killed in, from its start: what that epoch had
     # logged already (the learning rate at its start, say) is not logged a second time at the same step.
-    logged = {(key, m.step) for key in client.get_run(run_id).data.metrics for m in client.get_metric_history(run_id, key)}
+    keys = client.get_run(run_id).data.metrics
+    logged = {(key, m.step) for key in keys for m in client.get_metric_history(run_id, key)}
     log_metrics = logger.log_metrics
 
     def log_new_metrics(metrics, step=None):

@@ -79,8 +79,9 @@ def run(cfg: DictConfig) -> RunResult:
     """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names."""
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
     if resumed is not None:
-        # The original run's own folder, not Hydra's new one: its checkpoints and outputs stay
-        # together, and ModelCheckpoint keeps its record of the best epoch only if its folder is unchanged.
+        # The original run's config, output folder included (not Hydra's new one): the checkpoints
+        # and outputs of one run stay together, and ModelCheckpoint keeps its record of the best
+        # epoch so far only when its folder is unchanged.
         cfg = resumed.config
     if cfg.trainer.get("limit_test_batches", 1.0) != 1.0:
         raise ValueError(
@@ -119,21 +120,14 @@ def run(cfg: DictConfig) -> RunResult:
 
     with resume.stop_on_sigterm():
         try:
-            if mlflow_logger is not None and resumed is None:
-                tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
-                tags["output_dir"] = str(output_dir)
-                if trainer.checkpoint_callback:  # where resume=<run id> finds last.ckpt, even after SIGKILL
-                    tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
-                tracking.start_run(mlflow_logger, cfg, tags)
-            elif mlflow_logger is not None:
-                tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
-                tracking.resume_run(mlflow_logger, tags)
+            if mlflow_logger is not None:
+                _open_mlflow_run(mlflow_logger, cfg, task, datamodule, trainer, resumed)
             start = time.perf_counter()
             ckpt_path = str(resumed.checkpoint) if resumed is not None else None
             trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
             fit_seconds = time.perf_counter() - start
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
@@ -160,6 +154,22 @@ def run(cfg: DictConfig) -> RunResult:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
     )
+
+
+def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
+    """A new run: its config and tags, among them where its checkpoints are (resume=<run id> finds
+    last.ckpt there, even after SIGKILL). A resumed run: its original MLflow run, reopened."""
+    if resumed is None:
+        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
+        tags["output_dir"] = str(cfg.paths.output_dir)
+        if trainer.checkpoint_callback:
+            tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
+        tracking.start_run(logger, cfg, tags)
+    else:
+        tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
+        tracking.resume_run(logger, tags)
+    # in the log from the start: the id to resume the run with if it is killed
+    log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
 def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
