@@ -83,3 +83,19 @@ def test_train_py_end_to_end(family, in_tmp):
     raw = dm.frame.set_index(["series_id", "time"])
     row = csv.iloc[len(csv) // 2]
     assert row.y_true == pytest.approx(raw.loc[(row.series_id, row.target_time), row.variable], rel=1e-5)
+
+
+def test_runs_from_two_folders_in_one_process_log_to_their_own_database(in_tmp, monkeypatch):
+    """Lightning's logger sets $MLFLOW_TRACKING_URI process-wide; run() puts it back, so the second
+    run's default ./mlflow.db is its own folder's, not the first run's."""
+    from tsformer.train import run
+
+    for name in ("first", "second"):
+        folder = in_tmp / name
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        run(compose_config(["model=enc_dec", *TINY], folder / "out"))
+    for name in ("first", "second"):
+        client = MlflowClient(f"sqlite:///{in_tmp / name}/mlflow.db")
+        (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
+        assert len(client.search_runs([experiment.experiment_id])) == 1, name

@@ -2,13 +2,16 @@
 
 Lightning's `MLFlowLogger` creates the run and logs the metrics. Here: the resolved config (as
 flattened params, by this one path only, and as a YAML artifact since params are truncated), tags
-(family, data set, git commit), figures and files, and the final status (FINISHED or FAILED).
+(family, data set, git commit, where the outputs and checkpoints are), figures and files, and the
+final status (FINISHED, KILLED or FAILED). A resumed run (`resume.py`) logs into its original run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -27,6 +30,24 @@ def absolute_sqlite_uri(uri: str | None) -> str | None:
     if uri and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri.removeprefix(prefix)).resolve())
     return uri
+
+
+@contextmanager
+def restore_tracking_uri_env():
+    """Put $MLFLOW_TRACKING_URI back as it was when the block ends.
+
+    Lightning's MLFlowLogger calls `mlflow.set_tracking_uri`, which also sets the variable for the
+    rest of the process (and its children): a second run started from another folder in the same
+    process (a script, a test, a sweep) would then log into the first run's database.
+    """
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def find_mlflow_logger(loggers) -> MLFlowLogger | None:
@@ -59,6 +80,30 @@ def start_run(logger: MLFlowLogger, cfg: DictConfig, tags: dict[str, str]) -> st
     return run_id
 
 
+def resume_run(logger: MLFlowLogger, tags: dict[str, str]) -> str:
+    """Reopen the run a resumed run continues (left RUNNING by SIGKILL, or KILLED, FAILED): RUNNING
+    again until it ends. Its params and config were logged when it started; they are not logged
+    again (MLflow refuses a param logged twice with different values)."""
+    client, run_id = logger.experiment, logger.run_id
+    client.update_run(run_id, status="RUNNING")
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+    # The resumed run repeats the epoch the run was killed in, from its start: what that epoch had
+    # logged already (the learning rate at its start, say) is not logged a second time at the same step.
+    keys = client.get_run(run_id).data.metrics
+    logged = {(key, m.step) for key in keys for m in client.get_metric_history(run_id, key)}
+    log_metrics = logger.log_metrics
+
+    def log_new_metrics(metrics, step=None):
+        new = {k: v for k, v in metrics.items() if (k, step or 0) not in logged}
+        if new:
+            log_metrics(new, step)
+
+    logger.log_metrics = log_new_metrics
+    return run_id
+
+
 def log_files(logger: MLFlowLogger, files: list[tuple[str, Path]]) -> None:
     """files: (artifact folder, local file) pairs."""
     for folder, path in files:
@@ -69,10 +114,10 @@ def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
     logger.experiment.log_figure(logger.run_id, fig, artifact_file)
 
 
-def end_run(logger: MLFlowLogger, failed: bool) -> None:
-    """Never leave a run RUNNING: FINISHED on success, FAILED on any error."""
+def end_run(logger: MLFlowLogger, status: str) -> None:
+    """Never leave a run RUNNING: FINISHED on success, KILLED when stopped by SIGTERM, FAILED on any error."""
     try:
-        logger.experiment.set_terminated(logger.run_id, "FAILED" if failed else "FINISHED")
+        logger.experiment.set_terminated(logger.run_id, status)
     except Exception as err:  # the tracking server may be what failed; say so, keep the first error
         log.warning("could not set the MLflow run status: %s", err)
 

@@ -7,7 +7,9 @@ them together in order:
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
    scalers: what `predict.py` needs) is written beside it; figures, scalers, the checkpoint, the CSV
-   and a pyfunc model are logged to the MLflow run, which ends FINISHED, or FAILED on any error.
+   and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM, or
+   FAILED on any error.
+`resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import tracking
+from tsformer import resume, tracking
 from tsformer.export import forecasts_frame, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import error_by_step_figure, forecast_windows_figure
@@ -78,7 +80,13 @@ class RunResult:
 
 
 def run(cfg: DictConfig) -> RunResult:
-    """Train, test and export one configuration."""
+    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names."""
+    resumed = resume.resolve(cfg) if cfg.get("resume") else None
+    if resumed is not None:
+        # The original run's config, output folder included (not Hydra's new one): the checkpoints
+        # and outputs of one run stay together, and ModelCheckpoint keeps its record of the best
+        # epoch so far only when its folder is unchanged.
+        cfg = resumed.config
     if cfg.trainer.get("limit_test_batches", 1.0) != 1.0:
         raise ValueError(
             f"trainer.limit_test_batches={cfg.trainer.limit_test_batches}: every test window is evaluated "
@@ -106,43 +114,47 @@ def run(cfg: DictConfig) -> RunResult:
                 entry.run_name = f"{task.family}-{datamodule.name}"
             if "tracking_uri" in entry:
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
+                if resumed is not None:
+                    entry.run_id = resumed.run_id
     loggers = _instantiate_group(cfg.get("logger"))
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
 
-    if mlflow_logger is not None:
-        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
-        tracking.start_run(mlflow_logger, cfg, tags)
-    try:
-        start = time.perf_counter()
-        trainer.fit(task, datamodule=datamodule)
-        fit_seconds = time.perf_counter() - start
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        trainer.test(task, datamodule=datamodule, ckpt_path=best or None, verbose=False)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+    with resume.stop_on_sigterm(), tracking.restore_tracking_uri_env():
+        try:
+            if mlflow_logger is not None:
+                _open_mlflow_run(mlflow_logger, cfg, task, datamodule, trainer, resumed)
+            start = time.perf_counter()
+            ckpt_path = str(resumed.checkpoint) if resumed is not None else None
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            fit_seconds = time.perf_counter() - start
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
-        outputs = task.test_outputs
-        forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
-        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-        baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
-        run_id = mlflow_logger.run_id if mlflow_logger is not None else None
-        info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
-        model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-        # a round trip through the saved folder, as predict.py will do it: fails the run, not a user later
-        example = example_table(datamodule)
-        example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-        if mlflow_logger is not None:
-            _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
-            registry_name = (cfg.get("model_registry") or {}).get("name")
-            tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
-            tracking.end_run(mlflow_logger, failed=False)
-    except BaseException:
-        if mlflow_logger is not None:
-            tracking.end_run(mlflow_logger, failed=True)
-        raise
+            outputs = task.test_outputs
+            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
+            csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
+            run_id = mlflow_logger.run_id if mlflow_logger is not None else None
+            info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
+            model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
+            # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
+            example = example_table(datamodule)
+            example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
+            if mlflow_logger is not None:
+                _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                registry_name = (cfg.get("model_registry") or {}).get("name")
+                tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
+                tracking.end_run(mlflow_logger, "FINISHED")
+        except BaseException as err:
+            if mlflow_logger is not None:
+                tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_by_sigterm(err) else "FAILED")
+            raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
@@ -157,6 +169,22 @@ def run(cfg: DictConfig) -> RunResult:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
     )
+
+
+def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
+    """A new run: its config and tags, among them where its checkpoints are (resume=<run id> finds
+    last.ckpt there, even after SIGKILL). A resumed run: its original MLflow run, reopened."""
+    if resumed is None:
+        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
+        tags["output_dir"] = str(cfg.paths.output_dir)
+        if trainer.checkpoint_callback:
+            tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
+        tracking.start_run(logger, cfg, tags)
+    else:
+        tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
+        tracking.resume_run(logger, tags)
+    # in the log from the start: the id to resume the run with if it is killed
+    log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
 def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:

@@ -14,7 +14,9 @@ Data flow in `setup`:
    covariates of every window, in all three splits, become an imperfect forecast: the model learns
    with the forecast it will really get, and the baselines see the same batch.
 
-Validation and test loaders neither shuffle nor drop the last batch: every window is evaluated once.
+The train loader shuffles in an order drawn from (seed, epoch) (`EpochShuffle`: a resumed run sees the
+same orders). Validation and test loaders neither shuffle nor drop the last batch: every window is
+evaluated once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
 from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardScaler
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from tsformer.data.calendar import calendar_feature_names, calendar_features
 from tsformer.data.schema import (
@@ -52,6 +54,26 @@ def static_codes(values, vocabulary: list[str]) -> np.ndarray:
     """Category codes: 1 + position in `vocabulary`, 0 for a category not in it."""
     lookup = {category: i + 1 for i, category in enumerate(vocabulary)}
     return np.array([lookup.get(str(v), 0) for v in values], dtype=np.int64)
+
+
+class EpochShuffle(RandomSampler):
+    """The train windows in an order drawn from (seed, epoch) only, a new one each epoch.
+
+    Lightning calls `set_epoch` before every epoch, so a run resumed at epoch k sees the same orders
+    as one that never stopped (a generator seeded once would start over). A `RandomSampler`, so that
+    under DDP Lightning swaps in its `DistributedSampler`, which is also seeded by (seed, epoch).
+    """
+
+    def __init__(self, data_source, seed: int):
+        super().__init__(data_source)
+        self.seed, self.epoch = int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.data_source))
+        return iter(order.tolist())
 
 
 def make_scaler(kind: str):
@@ -368,15 +390,16 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
+        dataset = self.datasets[split]
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size if split == "train" else self.eval_batch_size,
-            shuffle=shuffle,
+            sampler=EpochShuffle(dataset, self.seed) if shuffle else None,
             drop_last=False,  # every val/test window is evaluated
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            generator=generator,
+            # the loader's own generator (worker seeds), not the global RNG that dropout draws from
+            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
         )
 
     def train_dataloader(self) -> DataLoader:
