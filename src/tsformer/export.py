@@ -17,8 +17,11 @@ import pandas as pd
 COLUMNS = ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
 
 
-def forecasts_frame(datamodule, split: str, pred_scaled: np.ndarray, true_scaled: np.ndarray) -> pd.DataFrame:
-    """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset."""
+def forecasts_frame(
+    datamodule, split: str, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None
+) -> pd.DataFrame:
+    """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset; `valid`
+    `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty."""
     info = datamodule.window_info(split)  # one row per window: series_id, origin_time
     target_times = datamodule.target_times(split)  # (W, T_out)
     W, T, Dy = pred_scaled.shape
@@ -26,6 +29,8 @@ def forecasts_frame(datamodule, split: str, pred_scaled: np.ndarray, true_scaled
         raise ValueError(f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}")
     pred = datamodule.inverse_transform_target(pred_scaled)  # (W, T, Dy) original units
     true = datamodule.inverse_transform_target(true_scaled)
+    if valid is not None:
+        true = np.where(np.asarray(valid)[..., None], true, np.nan)  # nobody measured a filled step
     first_step = 1 if datamodule.horizon > 0 else 0
     # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
     w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")

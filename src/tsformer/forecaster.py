@@ -35,6 +35,7 @@ from pandas.tseries.frequencies import to_offset
 
 from tsformer.data.calendar import calendar_features
 from tsformer.data.datamodule import static_codes
+from tsformer.data.gaps import fill_gaps
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
 from tsformer.export import COLUMNS
@@ -84,6 +85,8 @@ class DataContract:
     static_categorical_cols: list[str] = field(default_factory=list)
     static_scaler: Affine | None = None
     static_vocabularies: dict[str, list[str]] = field(default_factory=dict)  # categories seen in training
+    fill: str | None = None  # data.fill: how short gaps are closed (None: a gap is an error here)
+    max_fill_steps: int = 0
 
     @classmethod
     def from_dict(cls, d: dict) -> DataContract:
@@ -143,6 +146,8 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         static_categorical_cols=list(schema.static_categorical_cols),
         static_scaler=Affine.of(datamodule.static_scaler, datamodule.d_static_num) if schema.static_cols else None,
         static_vocabularies=dict(datamodule.static_vocabularies),
+        fill=datamodule.fill,
+        max_fill_steps=datamodule.max_fill_steps,
     )
     task_class = type(task)
     config = {
@@ -234,6 +239,11 @@ class Forecaster:
         schema = c.schema
         # every value cell may be empty here; which ones must be filled depends on the window (below)
         clean = schema.validate(table, source, may_be_empty=set(schema.value_cols))
+        if c.fill is not None:  # as in training; targets are filled only between observed values
+            clean, filled = fill_gaps(clean, c.time_col, c.series_col, self._step(), c.fill, c.max_fill_steps, source)
+            clean = clean.assign(_filled=filled)
+        else:
+            clean = clean.assign(_filled=False)
         return clean.reset_index(names="file_row")
 
     def _step(self) -> pd.Timedelta:
@@ -393,6 +403,7 @@ class Forecaster:
         first = n if m > 0 else 0
         target_rows = np.array([w[1] for w in windows])[:, None] + first + np.arange(T)  # (W, T)
         truth = clean[c.target_cols].to_numpy(np.float64)[target_rows]  # (W, T, Dy), NaN where empty
+        truth[clean["_filled"].to_numpy()[target_rows]] = np.nan  # filled in for a gap: not a measurement
         keep = np.ones((W, T), dtype=bool)
         if m == 0:  # overlapping tail windows: each row once, from the window that reached it first
             keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(W, T)

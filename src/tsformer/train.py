@@ -137,9 +137,9 @@ def run(cfg: DictConfig) -> RunResult:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
-            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"])
+            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
             csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"])
+            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
             run_id = mlflow_logger.run_id if mlflow_logger is not None else None
             info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
             model_folder = save_model_folder(output_dir / "model", task, datamodule, info)

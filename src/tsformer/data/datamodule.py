@@ -33,6 +33,7 @@ from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardSca
 from torch.utils.data import DataLoader, RandomSampler
 
 from tsformer.data.calendar import calendar_feature_names, calendar_features
+from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import (
     DataValidationError,
     SeriesSchema,
@@ -123,6 +124,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         extra_cols: list[str] = (),
         static_cols: list[str] = (),
         static_categorical_cols: list[str] = (),
+        fill: str | None = None,
+        max_fill_steps: int = 3,
     ):
         super().__init__()
         self.source = source
@@ -149,6 +152,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.train_stride, self.eval_stride = int(train_stride), int(eval_stride)
         self.num_workers, self.seed = int(num_workers), int(seed)
         self.future_known_noise = future_known_noise  # None: the future known covariates as measured
+        if fill is not None and fill not in FILL_METHODS:
+            raise ValueError(f"unknown fill {fill!r}; choose one of {FILL_METHODS} or null (gaps split series)")
+        self.fill, self.max_fill_steps = fill, int(max_fill_steps)
         # carried along in `frame` for baselines (e.g. a manufacturer's power curve): never scaled,
         # never windowed, never a model input
         self.extra_cols = [extra_cols] if isinstance(extra_cols, str) else [str(c) for c in extra_cols]
@@ -231,6 +237,11 @@ class TimeSeriesDataModule(L.LightningDataModule):
             clean = clean.join(self._extra_columns(raw, source))  # aligned on the row number
         self._freq = resolve_freq(clean, self.schema, source)
         step = fixed_step(self._freq, source)
+        filled = np.zeros(len(clean), dtype=bool)
+        if self.fill is not None:
+            clean, filled = fill_gaps(
+                clean, self.schema.time_col, self.schema.series_col, step, self.fill, self.max_fill_steps, source
+            )
         segments = find_segments(clean, self.schema, step, source)
 
         times = clean[self.schema.time_col].to_numpy()  # (rows,) datetime64[ns]
@@ -269,6 +280,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
                 fut_known_transform=transform,
                 static_num=static_num,
                 static_cat=static_cat,
+                valid=~filled,
             )
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 

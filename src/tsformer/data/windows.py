@@ -51,7 +51,8 @@ class WindowDataset(Dataset):
 
     Item shapes: hist_target (N, Dy), hist_known (N, Dk), hist_observed (N, Do),
     fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), static_num (S_num,),
-    static_cat (S_cat,) int64 category codes, window () int64.
+    static_cat (S_cat,) int64 category codes, hist_valid (N,) and fut_valid (M,) bool (False on filled
+    steps), window () int64.
 
     `fut_known_transform(fut_known, row=...)`, when given, replaces each window's future known
     covariates (e.g. a weather forecast's error, `forecast_noise.py`); `row` is the table row of the
@@ -69,13 +70,15 @@ class WindowDataset(Dataset):
         fut_known_transform: Callable[..., torch.Tensor] | None = None,
         static_num=None,
         static_cat=None,
+        valid=None,
     ):
         # torch.as_tensor shares memory with a float32 numpy array: nothing is copied here
         self.target = torch.as_tensor(target, dtype=torch.float32)  # (rows, Dy)
         self.known = torch.as_tensor(known, dtype=torch.float32)  # (rows, Dk)
         self.observed = torch.as_tensor(observed, dtype=torch.float32)  # (rows, Do)
         rows = len(self.target)
-        # per row (constant within a series): scaled static numbers and static category codes
+        # False on rows inserted to fill a gap (data.fill): inputs, never targets of a loss or metric
+        self.valid = torch.as_tensor(valid if valid is not None else np.ones(rows, dtype=bool), dtype=torch.bool)        # per row (constant within a series): scaled static numbers and static category codes
         self.static_num = torch.as_tensor(
             static_num if static_num is not None else np.zeros((rows, 0)), dtype=torch.float32
         )  # (rows, S_num)
@@ -106,6 +109,8 @@ class WindowDataset(Dataset):
             "fut_target": self.target[fut],
             "fut_known": fut_known,
             "fut_observed": self.observed[fut],
+            "hist_valid": self.valid[hist],
+            "fut_valid": self.valid[fut],
             "static_num": self.static_num[start],
             "static_cat": self.static_cat[start],
             "window": torch.tensor(i, dtype=torch.int64),

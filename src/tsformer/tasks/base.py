@@ -38,6 +38,13 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def valid_steps(batch: dict, part: str) -> torch.Tensor:
+    """`batch["<part>_valid"]` `(B, T)` bool; all True for batches built without it (by hand)."""
+    if f"{part}_valid" in batch:
+        return batch[f"{part}_valid"]
+    return torch.ones(batch[f"{part}_target"].shape[:2], dtype=torch.bool, device=batch[f"{part}_target"].device)
+
+
 class WindowTask(L.LightningModule):
     family = "base"  # the name used for runs and tags
 
@@ -119,6 +126,16 @@ class WindowTask(L.LightningModule):
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]
 
+    def target_valid(self, batch: dict) -> torch.Tensor:
+        """`(B, T_out)` bool: False on target steps that were filled in (data.fill), never scored."""
+        return valid_steps(batch, "fut")
+
+    def masked_loss(self, pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The loss over the valid steps only; pred, target `(B, T, D)`, valid `(B, T)`."""
+        if bool(valid.all()):
+            return self.loss_fn(pred, target)
+        return self.loss_fn(pred[valid], target[valid])  # (n_valid, D)
+
     def naive_baseline(self):
         """The job's naive baseline (forecasting: persistence)."""
         return Persistence()
@@ -140,7 +157,8 @@ class WindowTask(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
         self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B)
-        self.val_metrics.update(self.forecast(batch).flatten(), self.true_target(batch).flatten())
+        valid = self.target_valid(batch)  # (B, T_out)
+        self.val_metrics.update(self.forecast(batch)[valid].flatten(), self.true_target(batch)[valid].flatten())
         self.log_dict(self.val_metrics, batch_size=B)
 
     def on_test_start(self) -> None:
@@ -149,20 +167,26 @@ class WindowTask(L.LightningModule):
             baseline.fit(self.trainer.datamodule)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        true = self.true_target(batch)
+        true, valid = self.true_target(batch), self.target_valid(batch)  # (B, T, Dy), (B, T)
         preds = {"model": self.forecast(batch)} | {b.name: b.predict(batch) for b in self.baselines}
         true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
         for name, pred in preds.items():
             pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())
-            for metric_name, metric in self.test_metrics[name].items():
-                if metric_name.endswith("_by_var"):  # (B*T, Dy): one value per target variable
-                    metric.update(pred_orig.reshape(-1, pred.shape[-1]), true_orig.reshape(-1, pred.shape[-1]))
+            for metric_name, metric in self.test_metrics[name].items():  # scored on the valid steps only
+                if metric_name.endswith("_by_var"):  # (n_valid, Dy): one value per target variable
+                    metric.update(pred_orig[valid], true_orig[valid])
                 elif "_orig" in metric_name:
-                    metric.update(pred_orig.flatten(), true_orig.flatten())
+                    metric.update(pred_orig[valid].flatten(), true_orig[valid].flatten())
                 else:
-                    metric.update(pred.flatten(), true.flatten())
+                    metric.update(pred[valid].flatten(), true[valid].flatten())
         self._test_chunks.append(
-            {"window": batch["window"].cpu(), "pred": preds["model"].cpu(), "true": true.cpu(), "baseline": preds["baseline"].cpu()}
+            {
+                "window": batch["window"].cpu(),
+                "pred": preds["model"].cpu(),
+                "true": true.cpu(),
+                "valid": valid.cpu(),
+                "baseline": preds["baseline"].cpu(),
+            }
         )
 
     def on_test_epoch_end(self) -> None:

@@ -27,7 +27,7 @@ from tsformer.models import (
     EncoderOnly,
     EncoderOnlyConfig,
 )
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.base import WindowTask, valid_steps
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -61,7 +61,7 @@ class EncoderDecoderForecaster(_Forecaster):
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         pred = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
-        return self.loss_fn(pred, batch["fut_target"])
+        return self.masked_loss(pred, batch["fut_target"], valid_steps(batch, "fut"))
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"])  # (B, M, Dy)
@@ -85,7 +85,8 @@ class DecoderOnlyForecaster(_Forecaster):
         )  # (B, N + M, Dy + Do)
         known = torch.cat([batch["hist_known"], batch["fut_known"]], dim=1)  # (B, N + M, Dk)
         prev, known_next, labels = DecoderOnly.teacher_forcing(auto, known)
-        return self.loss_fn(self.net(prev, known_next), labels)
+        valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[:, 1:]  # (B, N + M - 1), as labels
+        return self.masked_loss(self.net(prev, known_next), labels, valid)
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
@@ -128,7 +129,7 @@ class EncoderForecaster(_Forecaster):
         return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        return self.loss_fn(self.net(self.tokens(batch)), batch["fut_target"])
+        return self.masked_loss(self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut"))
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net(self.tokens(batch))  # (B, M, Dy)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.base import WindowTask, valid_steps
 from tsformer.tasks.baselines import PerRowRegressor
 
 
@@ -31,13 +31,16 @@ class ReconstructionTask(WindowTask):
         return torch.cat([batch["hist_known"], batch["hist_observed"]], dim=-1)  # (B, N, Dk + Do)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        return self.loss_fn(self.net(self.inputs(batch)), batch["hist_target"])
+        return self.masked_loss(self.net(self.inputs(batch)), batch["hist_target"], valid_steps(batch, "hist"))
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net(self.inputs(batch))  # (B, N, Dy)
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["hist_target"]
+
+    def target_valid(self, batch: dict) -> torch.Tensor:
+        return valid_steps(batch, "hist")
 
     def naive_baseline(self) -> PerRowRegressor:
         return PerRowRegressor()  # linear regression inputs -> states, one row at a time
