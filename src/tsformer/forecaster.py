@@ -35,8 +35,8 @@ from pandas.tseries.frequencies import to_offset
 
 from tsformer.data.calendar import calendar_features
 from tsformer.data.datamodule import static_codes
-from tsformer.data.gaps import fill_gaps
 from tsformer.data.forecast_noise import scaler_affine
+from tsformer.data.gaps import fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
 from tsformer.export import COLUMNS
 
