@@ -29,11 +29,14 @@ def compose_small(overrides: list[str], out):
 
 
 def build(cfg):
-    dm = instantiate(cfg.data)
     try:
+        dm = instantiate(cfg.data)  # a real data set's loader reads its files here (Hydra wraps its errors)
         dm.setup()
-    except FileNotFoundError as err:  # a real data set this machine does not have
-        pytest.skip(str(err).splitlines()[0])
+    except Exception as err:
+        missing = err if isinstance(err, FileNotFoundError) else err.__cause__
+        if not isinstance(missing, FileNotFoundError):
+            raise
+        pytest.skip(str(missing).splitlines()[0])  # a real data set this machine does not have
     task = instantiate(
         cfg.model, _convert_="all", d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed
     )
@@ -51,6 +54,10 @@ def test_groups_have_the_options_the_docs_name():
 @pytest.mark.parametrize("data", [d for d in options("data") if d != "csv"])
 def test_each_model_with_each_data_set(model, data, in_tmp):
     cfg = compose_small([f"model={model}", f"data={data}"], in_tmp / "out")
+    if (model, data) == ("enc_only", "ett"):  # ETT has no covariates: nothing to rebuild the states from
+        with pytest.raises(Exception, match="state reconstruction needs input columns"):
+            build(cfg)
+        return
     dm, task = build(cfg)
     assert (dm.context_len, dm.horizon) == (cfg.model.context_len, cfg.model.horizon)
     assert dm.n_windows("test") > 0

@@ -1,0 +1,207 @@
+"""The ETT benchmark (`data=ett`, `experiment=ett`, `experiment=ett/<name>_<L>_<H>`): the standard protocol.
+
+Tests on the real files skip where ../shared/data/ETT-small is absent (the files are never in the
+repository); the config and loader checks that need no data always run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+
+from conftest import REPO, TINY
+from tsformer.data import ett
+from tsformer.data.ett import COLUMNS, load_ett
+from tsformer.train import CONFIG_DIR, compose_config, run
+
+DATA = REPO.parent / "shared" / "data" / "ETT-small"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"ETT data not found in {DATA}")
+
+# The protocol in rows (Time-Series-Library's Dataset_ETT_hour / Dataset_ETT_minute): borders of the
+# rows each split reads, history included; ETTm is the same times 4.
+def protocol_borders(name: str, L: int) -> dict[str, tuple[int, int]]:
+    k = ett.STEPS_PER_HOUR[name[3]]
+    month = 30 * 24 * k
+    return {
+        "train": (0, 12 * month),
+        "val": (12 * month - L, 16 * month),
+        "test": (16 * month - L, 20 * month),
+    }
+
+
+def ett_datamodule(name: str, L: int, H: int, tmp_path):
+    cfg = compose_config(
+        ["experiment=ett", f"data.name={name}", f"model.context_len={L}", f"model.horizon={H}"], tmp_path
+    )
+    dm = instantiate(cfg.data)
+    dm.setup()
+    return dm
+
+
+# -- on the real files ------------------------------------------------------------------------------
+
+# (name, L, H) -> windows per split, written out: train 8640 - L - H + 1, val and test 2880 - H + 1
+# (ETTh); ETTm: 34560 - L - H + 1 and 11520 - H + 1
+EXPECTED_WINDOWS = {
+    ("ETTh1", 96, 96): {"train": 8449, "val": 2785, "test": 2785},
+    ("ETTh1", 512, 720): {"train": 7409, "val": 2161, "test": 2161},
+    ("ETTm1", 96, 96): {"train": 34369, "val": 11425, "test": 11425},
+    ("ETTm1", 512, 720): {"train": 33329, "val": 10801, "test": 10801},
+}
+
+
+@needs_data
+@pytest.mark.parametrize("name, L, H", list(EXPECTED_WINDOWS))
+def test_window_counts_and_rows_are_the_protocols(name, L, H, tmp_path):
+    dm = ett_datamodule(name, L, H, tmp_path)
+    counts = {split: dm.n_windows(split) for split in ("train", "val", "test")}
+    assert counts == EXPECTED_WINDOWS[(name, L, H)]
+    # the very windows of the protocol: every start row s with [s, s + L + H) inside its split's borders
+    for split, (lo, hi) in protocol_borders(name, L).items():
+        np.testing.assert_array_equal(dm.datasets[split].starts, np.arange(lo, hi - L - H + 1), err_msg=split)
+    # first test forecast: origin at the last row before 2017-10-24, targets up to the protocol's end
+    test_times = dm.target_times("test")
+    assert test_times.min() == np.datetime64("2017-10-24T00:00")
+    assert pd.Timestamp(test_times.max()) == ett.END - dm.freq
+    assert pd.Timestamp(dm.window_info("test").origin_time.iloc[0]) == ett.TEST_START - dm.freq
+
+
+@needs_data
+@pytest.mark.parametrize("name, n_rows, n_file", [("ETTh1", 14400, 17420), ("ETTm1", 57600, 69680)])
+def test_rows_after_the_protocols_end_are_not_in_the_frame(name, n_rows, n_file, tmp_path):
+    dm = ett_datamodule(name, 96, 96, tmp_path)
+    assert len(dm.frame) == n_rows == ett.protocol_rows(name)
+    assert dm.frame.time.max() < ett.END
+    assert set(dm.frame.columns) == {"time", "series_id", *COLUMNS}
+    # the rows are the file's, value for value; end=None keeps every row
+    raw = pd.read_csv(DATA / f"{name}.csv")
+    np.testing.assert_array_equal(dm.frame[COLUMNS].to_numpy(), raw[COLUMNS].to_numpy()[:n_rows])
+    assert len(load_ett(DATA, name, end=None)) == n_file
+
+
+@needs_data
+def test_scaler_is_fitted_on_the_train_rows_only(tmp_path):
+    dm = ett_datamodule("ETTh1", 336, 96, tmp_path)
+    train = pd.read_csv(DATA / "ETTh1.csv")[COLUMNS].to_numpy()[:8640]
+    np.testing.assert_allclose(dm.target_scaler.mean_, train.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(dm.target_scaler.scale_, train.std(axis=0), rtol=1e-12)
+    assert dm.covariate_scaler is None and dm.d_known == 0 and dm.d_observed == 0
+    assert dm.target_names == COLUMNS
+
+
+@needs_data
+def test_first_existing_folder_is_used(tmp_path):
+    assert len(load_ett([tmp_path / "absent", DATA], "ETTh1")) == 14400
+
+
+@needs_data
+def test_end_to_end_every_test_window_is_in_the_forecasts_csv(in_tmp):
+    """A tiny run on ETTh1 with a short horizon: training is cut short, the test split is not."""
+    L, H = 96, 8
+    overrides = [o for o in TINY if not o.startswith("data.source.")]  # those are the simulators'
+    overrides += [
+        "experiment=ett",
+        f"model.context_len={L}",
+        f"model.horizon={H}",
+        "trainer.limit_val_batches=1",
+        "data.eval_batch_size=1024",
+        "logger=none",
+    ]
+    result = run(compose_config(overrides, in_tmp / "out"))
+
+    n_test = 2880 - H + 1  # targets in rows [11520, 14400)
+    csv = pd.read_csv(result.csv_path, parse_dates=["origin_time", "target_time"])
+    assert len(csv) == n_test * H * 7 == 2873 * 8 * 7
+    assert set(csv.variable) == set(COLUMNS)
+    assert csv.target_time.min() == pd.Timestamp("2017-10-24 00:00")
+    assert csv.target_time.max() == pd.Timestamp("2018-02-20 23:00")
+    assert csv.origin_time.nunique() == n_test
+    assert not csv.isna().any().any()
+    # y_true is the file's value (original units) at target_time
+    raw = pd.read_csv(DATA / "ETTh1.csv", parse_dates=["date"]).set_index("date")
+    sample = csv.sample(200, random_state=0)
+    expected = [raw.at[t, v] for t, v in zip(sample.target_time, sample.variable)]
+    np.testing.assert_allclose(sample.y_true.to_numpy(), expected, rtol=1e-5, atol=1e-4)
+    for name in ("test/mse", "test/mae", "test/baseline_mse", "test/mae_orig/OT"):
+        assert np.isfinite(result.metrics[name]), name
+
+
+# -- without the data ---------------------------------------------------------------------------------
+
+
+def test_preset_files_are_the_generated_ones():
+    folder = Path(CONFIG_DIR) / "experiment" / "ett"
+    on_disk = {p.name: p.read_text() for p in folder.glob("*.yaml")}
+    expected = ett.presets()
+    assert sorted(on_disk) == sorted(expected), "regenerate with: python -m tsformer.data.ett"
+    for name, text in expected.items():
+        assert on_disk[name] == text, f"{name} differs from the generator (python -m tsformer.data.ett)"
+    assert len(expected) == 4 * 3 * 4
+
+
+def test_every_ett_experiment_composes():
+    """experiment=ett and each preset: the protocol's settings, the preset's data set and window."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        names = [("ett", "ETTh1", 96, 96)] + [
+            (f"ett/{ett.preset_name(n, L, H)}", n, L, H)
+            for n in ett.DATASETS
+            for L in ett.PRESET_CONTEXT_LENS
+            for H in ett.PRESET_HORIZONS
+        ]
+        for experiment, name, L, H in names:
+            cfg = compose("train", overrides=[f"experiment={experiment}"])
+            assert cfg.data.source.name == name and cfg.data.name == name, experiment
+            assert (cfg.model.context_len, cfg.model.horizon) == (L, H), experiment
+            assert (cfg.data.context_len, cfg.data.horizon) == (L, H), experiment
+            assert cfg.model._target_ == "tsformer.tasks.EncoderForecaster"
+            assert cfg.data.source._target_ == "tsformer.data.ett.load_ett"
+            assert (cfg.data.val_start, cfg.data.test_start) == ("2017-06-26 00:00", "2017-10-24 00:00")
+            assert cfg.data.source.end == "2018-02-21 00:00"
+            assert list(cfg.data.target_cols) == COLUMNS
+            assert list(cfg.data.known_cols) == [] and list(cfg.data.calendar_features) == []
+            assert cfg.data.scaler == "standard" and cfg.data.eval_stride == 1
+    GlobalHydra.instance().clear()
+
+
+def test_protocol_timestamps_are_the_protocols_rows():
+    assert ett.VAL_START == pd.Timestamp("2017-06-26") and ett.TEST_START == pd.Timestamp("2017-10-24")
+    assert ett.END == pd.Timestamp("2018-02-21")
+    for name, k in [("ETTh1", 1), ("ETTm2", 4)]:
+        grid = pd.date_range(ett.PROTOCOL_START, periods=20000 * k, freq=pd.Timedelta(hours=1) / k)
+        assert grid[8640 * k] == ett.VAL_START and grid[11520 * k] == ett.TEST_START
+        assert grid[14400 * k] == ett.END and ett.protocol_rows(name) == 14400 * k
+
+
+def write_ett_like(path: Path, n_rows: int, start="2016-07-01 00:00", freq="h") -> None:
+    times = pd.date_range(start, periods=n_rows, freq=freq)
+    values = np.arange(n_rows * 7, dtype=float).reshape(n_rows, 7)
+    table = pd.DataFrame(values, columns=COLUMNS).assign(date=times.strftime("%Y-%m-%d %H:%M:%S"))
+    table[["date", *COLUMNS]].to_csv(path, index=False)
+
+
+def test_loader_cuts_at_end_and_refuses_a_file_off_the_protocols_grid(tmp_path):
+    write_ett_like(tmp_path / "ETTh2.csv", 14400 + 5)
+    frame = load_ett(tmp_path, "ETTh2")
+    assert len(frame) == 14400 and (frame.series_id == "ETTh2").all()
+    # a row missing (a gap) shifts every later row: the timestamps would no longer be the protocol's rows
+    table = pd.read_csv(tmp_path / "ETTh2.csv").drop(index=100)
+    table.to_csv(tmp_path / "ETTh2.csv", index=False)
+    with pytest.raises(ValueError, match="without gaps"):
+        load_ett(tmp_path, "ETTh2")
+    assert len(load_ett(tmp_path, "ETTh2", end=None)) == 14404  # not the benchmark: no check
+
+
+def test_loader_errors_name_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tsformer-data fetch ett"):
+        load_ett([tmp_path / "a", tmp_path / "b"], "ETTh1")
+    with pytest.raises(FileNotFoundError, match="ETTm2.csv"):
+        load_ett(tmp_path, "ETTm2")
+    with pytest.raises(ValueError, match="ETTh1, ETTh2, ETTm1, ETTm2"):
+        load_ett(tmp_path, "ETTh3")
