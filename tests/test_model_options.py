@@ -150,6 +150,34 @@ def test_forecasts_never_read_the_future_truth(cls, opts):
         assert (task.forecast(informed) - pred).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("cls,opts", combos(families=[EncoderDecoderForecaster, DecoderOnlyForecaster], revin=("on", "affine")))
+def test_teacher_forcing_normalises_the_future_with_the_history_statistics(cls, opts):
+    """Teacher forcing feeds the decoder the true future normalised with the HISTORY's statistics, the
+    units in which generation feeds its own predictions back: forced with its own forecast as the
+    truth, the decoder gives that forecast back. (No past-only covariates here: dec_only would feed
+    back its own predictions of them, teacher forcing the true ones.)"""
+    task = make_task(cls, opts, d_observed=0)
+    b = batch()
+    b["hist_observed"], b["fut_observed"] = b["hist_observed"][..., :0], b["fut_observed"][..., :0]
+    with torch.no_grad():
+        pred = task.forecast(b)  # generated
+        net_batch, view = task.options.enter(dict(b, fut_target=pred))
+        forced, _, _ = task.teacher_forced(net_batch)  # (B', M or N + M - 1, Dy')
+        forced = view.to_batch_layout(forced[:, -M:, : task.d_target_net])
+    torch.testing.assert_close(forced, pred, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("cls,opts", combos(families=[EncoderForecaster]))
+def test_loss_is_in_the_datas_units_whatever_the_options(cls, opts):
+    """The encoder-only forecaster forces nothing: its training loss is the MSE of its forecast
+    against the data's future, with RevIN and channel independence undone first."""
+    task = make_task(cls, opts)
+    b = batch()
+    with torch.no_grad():
+        expected = torch.nn.functional.mse_loss(task.forecast(b), b["fut_target"])
+        torch.testing.assert_close(task.loss(b), expected, rtol=1e-5, atol=1e-4)
+
+
 # -- channel independence -------------------------------------------------------------------------
 
 
@@ -230,11 +258,18 @@ def test_models_read_patch_tokens():
         enc(x, torch.ones(3, 20, dtype=torch.bool))
     with pytest.raises(ValueError, match="per_step head"):
         EncoderOnly(EncoderOnlyConfig(**NET, d_in=2, patch_len=4))
+    # a patch token sits at the time step it starts at: the last one at 2 * (L - 1), so a learned
+    # table of positions must reach that far
+    cfg = {**NET, "d_in": 2, "head": "forecast", "context_len": 20, "patch_len": 4, "patch_stride": 2}
+    EncoderOnly(EncoderOnlyConfig(**cfg, positional="learned", max_len=2 * (L - 1) + 1))(x)
+    with pytest.raises(ValueError, match=f"needs {2 * (L - 1) + 1} positions"):
+        EncoderOnly(EncoderOnlyConfig(**cfg, positional="learned", max_len=2 * (L - 1)))(x)
 
     ed = EncoderDecoder(EncoderDecoderConfig(**NET, d_enc_in=3, d_target=1, d_known=2, patch_len=4, patch_stride=2,
                                              positional="rope")).eval()
     hist, last, fut_k = torch.randn(3, 20, 3), torch.randn(3, 1), torch.randn(3, 6, 2)
     assert ed.encode(hist).shape == (3, L, 16)
+    assert ed.memory_positions(20).tolist() == [2 * i for i in range(L)]  # on the shared time axis
     cached, uncached = ed.generate(hist, last, fut_k), ed.generate(hist, last, fut_k, use_cache=False)
     torch.testing.assert_close(cached, uncached, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # teacher forcing on its own predictions gives them back
