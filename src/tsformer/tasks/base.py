@@ -118,8 +118,8 @@ class WindowTask(L.LightningModule):
 
     # -- what a family defines ------------------------------------------------------------------
     # A family works on the batch as the network sees it (`ModelOptions.enter`): static features in
-    # the known covariates, targets normalised with RevIN, `self.d_target_net` target channels
-    # (1 with channel independence, as many windows per window as there are target channels).
+    # the known covariates, targets normalised with RevIN, `self.d_target_net` target channels (1 with
+    # channel independence, where the batch holds one single-channel window per target channel).
 
     supported_options: frozenset[str] = frozenset()  # of "revin", "channel_independent", "patch_len"
 
