@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from tsformer.train import CONFIG_DIR, _instantiate_group, compose_config
@@ -44,7 +45,7 @@ def build(cfg):
 
 
 def test_groups_have_the_options_the_docs_name():
-    assert {"enc_only", "dec_only", "enc_dec"} <= set(options("model"))
+    assert {"enc_only", "dec_only", "enc_dec", "enc_only_forecast", "patchtst"} <= set(options("model"))
     assert {"default", "cpu", "gpu", "ddp"} <= set(options("trainer"))
     assert {"mlflow", "csv", "none"} <= set(options("logger"))
     assert {"state_reconstruction", "wind_power", "sensor_30_70"} <= set(options("experiment"))
@@ -62,7 +63,8 @@ def test_each_model_with_each_data_set(model, data, in_tmp):
     assert (dm.context_len, dm.horizon) == (cfg.model.context_len, cfg.model.horizon)
     assert dm.n_windows("test") > 0
     batch = next(iter(dm.test_dataloader()))
-    pred = task.predict_target(batch)
+    with torch.no_grad():
+        pred = task.eval().forecast(batch)
     assert pred.shape == task.true_target(batch).shape
 
 

@@ -27,14 +27,17 @@ def batch(seed=0):
 
 
 @pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
-def test_predictions_use_history_and_known_future_only(task_cls):
+@pytest.mark.parametrize("revin", [False, True])
+def test_predictions_use_history_and_known_future_only(task_cls, revin):
+    """With RevIN too: its statistics come from the history (every option combination:
+    test_model_options.py)."""
     torch.manual_seed(0)
-    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M).eval()
+    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, revin=revin).eval()
     b = batch()
     with torch.no_grad():
-        pred = task.predict_target(b)
+        pred = task.forecast(b)
         assert pred.shape == (4, M, DY)
-        leaked = dict(b, fut_target=b["fut_target"] + 10.0, fut_observed=b["fut_observed"] - 10.0)
-        assert torch.allclose(task.predict_target(leaked), pred, atol=1e-6)  # the truth is never read
+        leaked = dict(b, fut_target=b["fut_target"] * 3 + 10.0, fut_observed=b["fut_observed"] - 10.0)
+        assert torch.allclose(task.forecast(leaked), pred, atol=1e-6)  # the truth is never read
         informed = dict(b, fut_known=b["fut_known"] + 1.0)
-        assert (task.predict_target(informed) - pred).abs().max() > 1e-4  # the known future is used
+        assert (task.forecast(informed) - pred).abs().max() > 1e-4  # the known future is used

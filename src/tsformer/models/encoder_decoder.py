@@ -14,6 +14,10 @@ query knows how far back each memory step lies.
 Training is teacher-forced (`forward`): the decoder input is the true future shifted right by one
 step. `generate` feeds predictions back, caching the decoder's self-attention K/V and computing the
 cross-attention K/V of the memory once.
+
+With `patch_len`, the ENCODER reads patches of steps (`tsformer.nn.patching`; PatchTST): its memory
+has L = floor((N - P) / S) + 2 tokens, each at the position of its first step on the shared axis.
+The decoder still has one token per future step (it generates step by step).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
+from tsformer.nn.patching import Patching
 from tsformer.nn.positional import build_positional
 
 START_TOKENS = ("last", "go")
@@ -40,6 +45,8 @@ class EncoderDecoderConfig(TransformerConfig):
     d_known: int = 0  # covariates known for the future steps
     n_decoder_layers: int | None = None  # None: as many as the encoder (n_layers)
     start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
+    patch_len: int | None = None  # encoder tokens: None = one per history step; P = one per patch of P steps
+    patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
 
 
 class EncoderDecoder(nn.Module):
@@ -48,7 +55,9 @@ class EncoderDecoder(nn.Module):
         if cfg.start_token not in START_TOKENS:
             raise ValueError(f"unknown start_token {cfg.start_token!r}; choose one of {START_TOKENS}")
         self.cfg = cfg
-        self.enc_proj = InputProjection(cfg.d_enc_in, cfg.d_model)
+        self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
+        d_enc_token = cfg.d_enc_in * cfg.patch_len if self.patching is not None else cfg.d_enc_in
+        self.enc_proj = InputProjection(d_enc_token, cfg.d_model)
         self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -58,12 +67,24 @@ class EncoderDecoder(nn.Module):
         self.go_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02) if cfg.start_token == "go" else None
         self.head = nn.Linear(cfg.d_model, cfg.d_target)
 
+    def memory_positions(self, n_hist: int, device=None) -> torch.Tensor:
+        """`(L,)` positions of the memory tokens of a history of `n_hist` steps: its steps 0..N-1,
+        or with patches the first step of each patch."""
+        if self.patching is not None:
+            return self.patching.positions(n_hist, device=device)
+        return torch.arange(n_hist, device=device)
+
     def encode(self, hist: torch.Tensor, hist_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, N, d_model)`."""
+        """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, L, d_model)`
+        (L = N, or the number of patches)."""
         N = hist.shape[1]
         self.positional.check_length(N)
-        positions = torch.arange(N, device=hist.device)
-        h = self.dropout(self.positional(self.enc_proj(hist), positions))
+        positions = self.memory_positions(N, device=hist.device)  # (L,)
+        if self.patching is not None:
+            if hist_valid is not None:
+                raise ValueError("patch tokens take whole histories: no padding mask (hist_valid) with patch_len")
+            hist = self.patching(hist)  # (B, N, d_enc_in) -> (B, L, P * d_enc_in)
+        h = self.dropout(self.positional(self.enc_proj(hist), positions))  # (B, L, d_model)
         mask = padding_mask(hist_valid) if hist_valid is not None else None
         return self.encoder(h, mask=mask, positions=positions)
 
@@ -74,13 +95,20 @@ class EncoderDecoder(nn.Module):
         memory: torch.Tensor,
         memory_valid: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        n_hist: int | None = None,
     ) -> torch.Tensor:
         """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` decoder inputs -> `(B, T, Dy)`.
 
+        n_hist: the history's length N (the first future step sits at position N); needed with
+        patches, where the memory has fewer tokens than the history has steps.
         With a cache, the T tokens continue after those already decoded.
         """
         B, T, Dy = target_prev.shape
-        N = memory.shape[1]
+        if n_hist is None:
+            if self.patching is not None:
+                raise ValueError("decode needs n_hist (the history's length) when the encoder reads patches")
+            n_hist = memory.shape[1]
+        N = n_hist
         start = cache.length if cache is not None else 0
         self.positional.check_length(N + start + T)
         positions = torch.arange(N + start, N + start + T, device=memory.device)  # after the history
@@ -97,7 +125,7 @@ class EncoderDecoder(nn.Module):
             positions=positions,
             memory=memory,
             memory_mask=memory_mask,
-            memory_positions=torch.arange(N, device=memory.device),
+            memory_positions=self.memory_positions(N, device=memory.device),
             cache=cache,
         )
         return self.head(h)  # (B, T, Dy)
@@ -120,7 +148,7 @@ class EncoderDecoder(nn.Module):
             fut_known = fut_target.new_zeros(B, M, 0)
         memory = self.encode(hist, hist_valid)
         target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
-        return self.decode(target_prev, fut_known, memory, hist_valid)
+        return self.decode(target_prev, fut_known, memory, hist_valid, n_hist=hist.shape[1])
 
     @torch.no_grad()
     def generate(
@@ -138,18 +166,18 @@ class EncoderDecoder(nn.Module):
             if horizon is None:
                 raise ValueError("give fut_known (B, M, Dk) or horizon")
             fut_known = hist.new_zeros(B, horizon, 0)
-        M = fut_known.shape[1]
-        self.positional.check_length(hist.shape[1] + M)  # refuse before any work is done
+        M, N = fut_known.shape[1], hist.shape[1]
+        self.positional.check_length(N + M)  # refuse before any work is done
         memory = self.encode(hist, hist_valid)  # computed once for all steps
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
         target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
-        next_pred = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache)[:, -1:]
+        next_pred = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[:, -1:]
         preds = [next_pred]
         for m in range(1, M):
             if use_cache:
-                next_pred = self.decode(next_pred, fut_known[:, m : m + 1], memory, hist_valid, cache=cache)
+                next_pred = self.decode(next_pred, fut_known[:, m : m + 1], memory, hist_valid, cache=cache, n_hist=N)
             else:
                 target_prev = torch.cat([target_prev, next_pred], dim=1)  # (B, m + 1, Dy)
-                next_pred = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid)[:, -1:]
+                next_pred = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]
             preds.append(next_pred)
         return torch.cat(preds, dim=1)  # (B, M, Dy)

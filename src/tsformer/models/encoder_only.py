@@ -14,6 +14,10 @@ Heads:
 - `forecast`: `(B, N, d_in) -> (B, M, d_out)`: the N encoder outputs flattened and mapped to M future
   steps by one linear layer. This is the "encoder-only + linear head" that the documents compare
   with the encoder-decoder.
+
+Tokens: one per step, or with `patch_len` one per patch of steps (`tsformer.nn.patching`; PatchTST):
+the N steps become L = floor((N - P) / S) + 2 tokens at the positions of their first steps, and the
+forecast head flattens the L token outputs. The `per_step` head needs one token per step (no patches).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.masks import padding_mask
+from tsformer.nn.patching import Patching
 from tsformer.nn.positional import build_positional
 
 HEADS = ("per_step", "classification", "forecast")
@@ -43,6 +48,8 @@ class EncoderOnlyConfig(TransformerConfig):
     context_len: int = 100  # forecast head: the fixed window length N it flattens
     horizon: int = 1  # forecast head: the M steps it outputs
     linear_skip: bool = False  # per_step head: add Linear(inputs of the step) to the output
+    patch_len: int | None = None  # None: one token per step; P: one token per patch of P steps
+    patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
 
 
 class EncoderOnly(nn.Module):
@@ -53,7 +60,11 @@ class EncoderOnly(nn.Module):
         if cfg.pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {cfg.pooling!r}; choose one of {POOLINGS}")
         self.cfg = cfg
-        self.input_proj = InputProjection(cfg.d_in, cfg.d_model)
+        self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
+        if self.patching is not None and cfg.head == "per_step":
+            raise ValueError("the per_step head gives one output per step: it takes no patch tokens (patch_len)")
+        d_token = cfg.d_in * cfg.patch_len if self.patching is not None else cfg.d_in  # features per token
+        self.input_proj = InputProjection(d_token, cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
@@ -68,22 +79,33 @@ class EncoderOnly(nn.Module):
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         else:
-            self.head = nn.Linear(cfg.context_len * cfg.d_model, cfg.horizon * cfg.d_out)
+            self.head = nn.Linear(self.n_tokens(cfg.context_len) * cfg.d_model, cfg.horizon * cfg.d_out)
+
+    def n_tokens(self, n_steps: int) -> int:
+        """Tokens of a window of `n_steps` steps (without the [CLS] token)."""
+        return self.patching.count(n_steps) if self.patching is not None else n_steps
 
     def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x: `(B, N, d_in)`, valid: `(B, N)` bool, True on real steps -> `(B, N', d_model)`.
 
-        N' = N + 1 when a [CLS] token is prepended (it is then at index 0).
+        N' = N tokens (one per step), or L with patches; + 1 when a [CLS] token is prepended (it is
+        then at index 0, position 0, and the other tokens' positions move up by one).
         """
         B, N, _ = x.shape
-        h = self.input_proj(x)  # (B, N, d_model)
+        if self.patching is not None:
+            if valid is not None:
+                raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
+            positions = self.patching.positions(N, device=x.device)  # (L,): first step of each patch
+            h = self.input_proj(self.patching(x))  # (B, L, P * d_in) -> (B, L, d_model)
+        else:
+            positions = torch.arange(N, device=x.device)  # (N,)
+            h = self.input_proj(x)  # (B, N, d_model)
         if self.use_cls:
-            h = torch.cat([self.cls_token.expand(B, 1, -1), h], dim=1)  # (B, N + 1, d_model)
+            h = torch.cat([self.cls_token.expand(B, 1, -1), h], dim=1)  # (B, N' + 1, d_model)
+            positions = torch.cat([positions.new_zeros(1), positions + 1])  # (N' + 1,)
             if valid is not None:
                 valid = torch.cat([valid.new_ones(B, 1), valid], dim=1)  # (B, N + 1)
-        n_positions = h.shape[1]
-        self.positional.check_length(n_positions)
-        positions = torch.arange(n_positions, device=x.device)
+        self.positional.check_length(int(positions[-1]) + 1)
         h = self.dropout(self.positional(h, positions))
         mask = padding_mask(valid) if valid is not None else None
         return self.encoder(h, mask=mask, positions=positions)
@@ -110,5 +132,5 @@ class EncoderOnly(nn.Module):
             )
         if valid is not None:
             h = h * valid.unsqueeze(-1).to(h.dtype)  # padded steps contribute nothing
-        out = self.head(h.reshape(B, N * self.cfg.d_model))  # (B, M * d_out)
+        out = self.head(h.reshape(B, h.shape[1] * self.cfg.d_model))  # (B, N' * d_model) -> (B, M * d_out)
         return out.view(B, self.cfg.horizon, self.cfg.d_out)  # (B, M, d_out)

@@ -1,7 +1,11 @@
 """`WindowTask`: what every family shares in training and evaluation (a LightningModule).
 
 A family subclass says only how its network is built and how a batch of windows becomes (a) a
-training loss and (b) a prediction of the target steps. Everything else lives here once:
+teacher-forced prediction with its labels and (b) a prediction of the target steps. Everything else
+lives here once:
+- the model options that wrap any family (`model_options.py`: RevIN, channel independence; patch
+  tokens are passed to the network of the families that take them), checked against the family's
+  `supported_options`;
 - loss (MSE, MAE or Huber), AdamW with linear warmup then cosine decay (warmup matters for Post-Norm);
 - validation: `val/loss` (the training loss) and `val/mse`, `val/mae` of real predictions (for the
   autoregressive families: generated, feeding predictions back), monitored for checkpoints;
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from tsformer.tasks.baselines import Persistence
+from tsformer.tasks.model_options import ModelOptions
 from tsformer.tasks.static import StaticCovariates
 
 LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
@@ -66,17 +71,25 @@ class WindowTask(L.LightningModule):
         d_static_num: int = 0,
         static_vocab_sizes: list[int] | None = None,
         static_embedding_dim: int = 4,
+        revin: bool = False,
+        revin_affine: bool = False,
+        channel_independent: bool = False,
+        patch_len: int | None = None,
+        patch_stride: int | None = None,
     ):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
         self.save_hyperparameters(logger=False, ignore=["baselines"])
+        self._check_options()
         self.loss_fn = LOSSES[loss]
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
         # static covariates enter as extra known channels of every step (see static.py)
         self.static = StaticCovariates(d_static_num, static_vocab_sizes or [], static_embedding_dim)
         self.d_known_in = d_known + self.static.width  # known channels the network reads
+        self.options = ModelOptions(d_target, revin, revin_affine, channel_independent)
+        self.d_target_net = self.options.d_target_net  # target channels the network reads: 1 with CI
         self.net = self.build_net(dict(net))
 
         scaled = MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})
@@ -104,24 +117,61 @@ class WindowTask(L.LightningModule):
         self._test_chunks: list[dict[str, torch.Tensor]] = []
 
     # -- what a family defines ------------------------------------------------------------------
+    # A family works on the batch as the network sees it (`ModelOptions.enter`): static features in
+    # the known covariates, targets normalised with RevIN, `self.d_target_net` target channels (1 with
+    # channel independence, where the batch holds one single-channel window per target channel).
+
+    supported_options: frozenset[str] = frozenset()  # of "revin", "channel_independent", "patch_len"
 
     def build_net(self, net: dict) -> torch.nn.Module:
         raise NotImplementedError
 
-    def training_loss(self, batch: dict) -> torch.Tensor:
+    def teacher_forced(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The training pass: `(pred (B, T, C), labels (B, T, C), valid (B, T) bool)`, the targets'
+        channels first in pred and labels (the loss is taken over the valid steps)."""
         raise NotImplementedError
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        """Prediction of the target steps, `(B, T_out, Dy)` scaled (T_out = M, or N for reconstruction).
-        The batch's known covariates include the static features (`forecast` adds them)."""
+        """Prediction of the target steps, `(B, T_out, d_target_net)` (T_out = M, or N for
+        reconstruction), in the units of the batch it is given. Never reads the future targets."""
         raise NotImplementedError
 
+    # -- what every family shares -----------------------------------------------------------------
+
     def forecast(self, batch: dict) -> torch.Tensor:
-        """Prediction of a batch as it comes from the data (evaluation, `Forecaster.predict`)."""
-        return self.predict_target(self.static.append_to_known(batch))
+        """Prediction `(B, T_out, Dy)` of a batch as it comes from the data, in the data's scaled
+        units (evaluation, `Forecaster.predict`)."""
+        net_batch, view = self.options.enter(self.static.append_to_known(batch))
+        return view.to_batch_layout(self.predict_target(net_batch))
 
     def loss(self, batch: dict) -> torch.Tensor:
         return self.training_loss(self.static.append_to_known(batch))
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        """The loss of a batch whose known covariates include the static features: in the data's
+        scaled units whatever the options (predictions and labels denormalised by RevIN)."""
+        net_batch, view = self.options.enter(batch)
+        pred, labels, valid = self.teacher_forced(net_batch)
+        return self.masked_loss(view.to_data_units(pred), view.to_data_units(labels), valid)
+
+    @property
+    def patch_args(self) -> dict:
+        """`model.patch_len` and `model.patch_stride`, for the network config of the families that
+        take patch tokens."""
+        return {"patch_len": self.hparams.patch_len, "patch_stride": self.hparams.patch_stride}
+
+    def _check_options(self) -> None:
+        hp = self.hparams
+        asked = {"revin": hp.revin, "channel_independent": hp.channel_independent, "patch_len": hp.patch_len is not None}
+        for option, on in asked.items():
+            if on and option not in self.supported_options:
+                takes = ", ".join(f"model.{o}" for o in sorted(self.supported_options)) or "none of them"
+                raise ValueError(
+                    f"model.{option} is not an option of the {self.family} family (it takes {takes}); "
+                    "see the table of model options in the README"
+                )
+        if hp.patch_stride is not None and hp.patch_len is None:
+            raise ValueError(f"model.patch_stride={hp.patch_stride} needs model.patch_len")
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]

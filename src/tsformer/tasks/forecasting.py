@@ -13,6 +13,12 @@
 
 Evaluation always predicts the future without looking at it: only `hist_*` and `fut_known` enter
 `predict_target`.
+
+Model options (each family's `supported_options`; README "Model options"): RevIN and channel
+independence wrap all three families the same way, outside them (`model_options.py`); patch tokens
+(`nn/patching.py`) are cut from the encoder-only forecaster's token sequence (history [+ future
+known steps]) and from the encoder-decoder's history (its decoder keeps one token per future step);
+the decoder-only family takes no patches, since it generates one step per token.
 """
 
 from __future__ import annotations
@@ -47,21 +53,23 @@ class _Forecaster(WindowTask):
 
 class EncoderDecoderForecaster(_Forecaster):
     family = "enc_dec"
+    supported_options = frozenset({"revin", "channel_independent", "patch_len"})
 
     def build_forecaster(self, net: dict) -> EncoderDecoder:
         hp = self.hparams
         return EncoderDecoder(
             EncoderDecoderConfig(
                 **net,
-                d_enc_in=hp.d_target + self.d_known_in + hp.d_observed,
-                d_target=hp.d_target,
+                **self.patch_args,
+                d_enc_in=self.d_target_net + self.d_known_in + hp.d_observed,
+                d_target=self.d_target_net,
                 d_known=self.d_known_in,
             )
         )
 
-    def training_loss(self, batch: dict) -> torch.Tensor:
+    def teacher_forced(self, batch: dict):
         pred = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
-        return self.masked_loss(pred, batch["fut_target"], valid_steps(batch, "fut"))
+        return pred, batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"])  # (B, M, Dy)
@@ -69,12 +77,13 @@ class EncoderDecoderForecaster(_Forecaster):
 
 class DecoderOnlyForecaster(_Forecaster):
     family = "dec_only"
+    supported_options = frozenset({"revin", "channel_independent"})
 
     def build_forecaster(self, net: dict) -> DecoderOnly:
         hp = self.hparams
-        return DecoderOnly(DecoderOnlyConfig(**net, d_target=hp.d_target + hp.d_observed, d_known=self.d_known_in))
+        return DecoderOnly(DecoderOnlyConfig(**net, d_target=self.d_target_net + hp.d_observed, d_known=self.d_known_in))
 
-    def training_loss(self, batch: dict) -> torch.Tensor:
+    def teacher_forced(self, batch: dict):
         # autoregressive channels: targets, then observed covariates (predicted and fed back too)
         auto = torch.cat(
             [
@@ -86,27 +95,29 @@ class DecoderOnlyForecaster(_Forecaster):
         known = torch.cat([batch["hist_known"], batch["fut_known"]], dim=1)  # (B, N + M, Dk)
         prev, known_next, labels = DecoderOnly.teacher_forcing(auto, known)
         valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[:, 1:]  # (B, N + M - 1), as labels
-        return self.masked_loss(self.net(prev, known_next), labels, valid)
+        return self.net(prev, known_next), labels, valid
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
         pred = self.net.generate(hist_auto, batch["hist_known"], batch["fut_known"])  # (B, M, Dy + Do)
-        return pred[..., : self.hparams.d_target]
+        return pred[..., : self.d_target_net]
 
 
 class EncoderForecaster(_Forecaster):
     family = "enc_only_forecast"
+    supported_options = frozenset({"revin", "channel_independent", "patch_len"})
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
-        n_tokens = hp.context_len + (hp.horizon if self.d_known_in > 0 else 0)
+        n_steps = hp.context_len + (hp.horizon if self.d_known_in > 0 else 0)  # steps of `tokens`
         return EncoderOnly(
             EncoderOnlyConfig(
                 **net,
-                d_in=hp.d_target + self.d_known_in + hp.d_observed + 1,  # + the "future step" flag
-                d_out=hp.d_target,
+                **self.patch_args,  # with patches, the n_steps are cut into patch tokens
+                d_in=self.d_target_net + self.d_known_in + hp.d_observed + 1,  # + the "future step" flag
+                d_out=self.d_target_net,
                 head="forecast",
-                context_len=n_tokens,
+                context_len=n_steps,
                 horizon=hp.horizon,
             )
         )
@@ -121,15 +132,15 @@ class EncoderForecaster(_Forecaster):
             return hist
         fut_known = batch["fut_known"]  # (B, M, Dk)
         M = fut_known.shape[1]
-        Dy, Do = self.hparams.d_target, self.hparams.d_observed
+        Dy, Do = self.d_target_net, self.hparams.d_observed
         fut = torch.cat(
             [fut_known.new_zeros(B, M, Dy), fut_known, fut_known.new_zeros(B, M, Do), fut_known.new_ones(B, M, 1)],
             dim=-1,
         )  # (B, M, D + 1): targets and observed covariates unknown in the future
         return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)
 
-    def training_loss(self, batch: dict) -> torch.Tensor:
-        return self.masked_loss(self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut"))
+    def teacher_forced(self, batch: dict):  # nothing to force: the forecast itself
+        return self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net(self.tokens(batch))  # (B, M, Dy)

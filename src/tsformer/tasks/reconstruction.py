@@ -3,6 +3,10 @@
 Window of N steps: inputs = known + observed covariates `(B, N, Dk + Do)` -> targets `(B, N, Dy)`
 at the same steps, with bidirectional attention (no forecasting). The baseline is a per-step linear
 regression from the same inputs, fitted on the train rows.
+
+It takes none of the model options (`supported_options` is empty): the targets are what it infers,
+never an input, so RevIN has no history statistics to take and channel independence no channel
+series to split; its per-step outputs need one token per step (no patches).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ class ReconstructionTask(WindowTask):
     def inputs(batch: dict) -> torch.Tensor:
         return torch.cat([batch["hist_known"], batch["hist_observed"]], dim=-1)  # (B, N, Dk + Do)
 
-    def training_loss(self, batch: dict) -> torch.Tensor:
-        return self.masked_loss(self.net(self.inputs(batch)), batch["hist_target"], valid_steps(batch, "hist"))
+    def teacher_forced(self, batch: dict):  # nothing to force: the reconstruction itself
+        return self.net(self.inputs(batch)), batch["hist_target"], valid_steps(batch, "hist")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         return self.net(self.inputs(batch))  # (B, N, Dy)
