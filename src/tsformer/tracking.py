@@ -33,21 +33,22 @@ def absolute_sqlite_uri(uri: str | None) -> str | None:
 
 
 @contextmanager
-def restore_tracking_uri_env():
-    """Put $MLFLOW_TRACKING_URI back as it was when the block ends.
+def restore_env(name: str):
+    """Put the environment variable `name` back as it was when the block ends.
 
-    Lightning's MLFlowLogger calls `mlflow.set_tracking_uri`, which also sets the variable for the
-    rest of the process (and its children): a second run started from another folder in the same
-    process (a script, a test, a sweep) would then log into the first run's database.
+    Used for $MLFLOW_TRACKING_URI around a run: Lightning's MLFlowLogger calls
+    `mlflow.set_tracking_uri`, which also sets the variable for the rest of the process (and its
+    children), so a second run started from another folder in the same process (a script, a test, a
+    sweep) would otherwise log into the first run's database.
     """
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+    before = os.environ.get(name)
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["MLFLOW_TRACKING_URI"] = before
+            os.environ[name] = before
 
 
 def find_mlflow_logger(loggers) -> MLFlowLogger | None:
@@ -155,7 +156,8 @@ def log_pyfunc_model(
         except PackageNotFoundError:
             requirements.append(package)
     client, run_id = logger.experiment, logger.run_id
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, restore_env("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # save_model copies with a bar per file
         path = Path(tmp) / "model"
         mlflow.pyfunc.save_model(
             path=str(path),

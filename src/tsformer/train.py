@@ -124,7 +124,7 @@ def run(cfg: DictConfig) -> RunResult:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
 
-    with resume.stop_on_sigterm(), tracking.restore_tracking_uri_env():
+    with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"):
         try:
             if mlflow_logger is not None:
                 _open_mlflow_run(mlflow_logger, cfg, task, datamodule, trainer, resumed)
