@@ -41,7 +41,8 @@ channel windows per step; iTransformer, multivariate: 32 windows of 7 channels),
 excluded) for our families and neuralforecast's VanillaTransformer at the same width, depth and batch,
 each in its own subprocess, and prints the ratios; memory: on a GPU the peak of
 `torch.cuda.max_memory_allocated`, on the CPU the growth of the subprocess's peak resident set size
-(ru_maxrss) over the timed steps (allocator caching included: a coarse figure).
+(ru_maxrss) from before the first training step to after the last (activations, gradients and
+optimizer state; allocator caching included: a coarse figure).
 
 RESULTS.md (`--results`, default benchmarks/RESULTS.md) is written by every non-quick invocation
 from what that invocation measured, beside the published PatchTST/64 rows; nothing measured is
@@ -430,8 +431,8 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
         loss_fn().backward()
         opt.step()
 
-    step()  # warm-up (allocations, first-call overheads)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # model, batch and data built, no step yet
+    step()  # warm-up (allocations, first-call overheads): its memory counts, its time does not
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -444,7 +445,7 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
         "params": sum(p.numel() for p in net.parameters()),
         "channel_windows_per_s": steps * BATCH * 7 / seconds,
         "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else (rss1 - rss0) / 1024,
-        "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of peak RSS over the timed steps",
+        "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
     }
 
 
