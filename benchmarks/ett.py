@@ -518,6 +518,7 @@ def main() -> None:
     out_root = Path(tempfile.mkdtemp(prefix="tsformer-ett-"))
     grid = [(m, d, L, H) for d in datasets for L in lookbacks for H in horizons for m in models]
     measured = []
+    results = args.results or (None if args.quick else REPO / "benchmarks" / "RESULTS.md")
     for d in datasets:
         for L in lookbacks:
             for H in horizons:
@@ -543,13 +544,12 @@ def main() -> None:
                     print(f"\n{m} {d} L={L} H={H}: mse {row['mse']:.4f} mae {row['mae']:.4f}, "
                           f"{row['test_windows']} test windows (protocol {row['expected_windows']}, ours {n_ours}), "
                           f"{steps} steps, {row['train_s']:.1f} s", flush=True)
+                    if results is not None:  # after every row: an interrupted run leaves its rows and the pending list
+                        write_results(results, measured, grid, args, stamp)
     print(f"\n{stamp}, {machine()}\n")
     print(markdown(measured, COLUMNS))
     print()
     print(markdown(measured, DETAIL_COLUMNS))
-    results = args.results or (None if args.quick else REPO / "benchmarks" / "RESULTS.md")
-    if results is not None:
-        write_results(results, measured, grid, args, stamp)
 
 
 if __name__ == "__main__":
