@@ -347,7 +347,7 @@ def published_rows(datasets, horizons) -> list[dict]:
 def write_results(path: Path, measured: list[dict], grid: list[tuple], args, stamp: str) -> None:
     done = {(r["model"], r["dataset"], r["L"], r["H"]) for r in measured}
     pending = [g for g in grid if g not in done]
-    budget = f"{args.epochs} epoch(s)" + (f" of at most {args.max_train_batches} batches" if args.max_train_batches else "")
+    budget = f"{args.epochs} epoch(s)" + (f", at most {args.max_train_batches} batches (optimizer steps) per epoch" if args.max_train_batches else "")
     text = [
         "# ETT side by side",
         "",
@@ -355,11 +355,12 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
         "",
         f"    {' '.join(['python', 'benchmarks/ett.py', *sys.argv[1:]])}",
         "",
-        f"Measured rows: {stamp}, on {machine()}; budget {budget} of {BATCH} windows per step for our rows, "
+        f"Measured rows: {stamp}, on {machine()}; budget for our rows {budget}, {BATCH} windows per batch; "
         "the same number of steps and windows per step for the peers (see the script's docstring). "
         "`train_s`: our rows, `trainer.fit` (validation included); peers, neuralforecast's "
         "`cross_validation` (fit plus forecasting every test origin). MSE/MAE on the scaled values, "
-        "every test window. The published rows are the paper's (L = 512, 100 epochs on a GPU), MAE left out.",
+        "every test window. The published rows are the paper's own figures (L = 512, its own training "
+        "budget), MSE only: their MAE is not quoted here.",
         "",
         markdown(measured + published_rows(sorted({g[1] for g in grid} | {r['dataset'] for r in measured}), sorted({g[3] for g in grid} | {r['H'] for r in measured})), COLUMNS),
         "",
