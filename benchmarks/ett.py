@@ -1,0 +1,557 @@
+"""ETT side by side (issue 6): our families and neuralforecast's models on the same test windows.
+
+    python benchmarks/ett.py                                  # ETTh1, L=336, H=96, our families, peers if importable
+    python benchmarks/ett.py --datasets ETTh1,ETTm1 --lookbacks 96,336,512 --horizons 96,192,336,720
+    python benchmarks/ett.py --models tsformer-patchtst,nf-PatchTST --epochs 2 --max-train-batches 100
+    python benchmarks/ett.py --quick --models tsformer-enc_only_forecast --lookbacks 96 --horizons 96 \
+        --results /tmp/RESULTS.md                             # tiny settings: checks the script runs
+    python benchmarks/ett.py --throughput                     # training windows/s and memory, as ratios
+
+Protocol (conf/data/ett.yaml, README "ETT benchmark data"): all 7 channels in and out, StandardScaler
+fitted on the train rows [0, 8640) (ETTm x4), every test window (stride 1: 2880 - H + 1 rolling origins
+over the test period for ETTh, 11520 - H + 1 for ETTm), MSE/MAE on the scaled values.
+
+Rows `tsformer-<name>` are ordinary `train.run` runs (the same configs as `python train.py
+experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"):
+
+- tsformer-patchtst: `model=patchtst` (PatchTST/64-like: RevIN, channel independence, patches
+  16/8, d_model 128, 3 layers, 16 heads, FFN 256, dropout 0.2, lr 1e-4);
+- tsformer-enc_only_forecast: encoder-only + flatten head, one token per step, channels mixed in
+  each token, RevIN on (d_model 64, 2 layers, 4 heads: the `_common` sizes);
+- tsformer-enc_dec: encoder-decoder, RevIN + channel independence + encoder patches 16/8, one
+  decoder layer (d_model 64, 2 encoder layers); the forecast is generated step by step at test time;
+- tsformer-dec_only: decoder-only, RevIN + channel independence, one token per step (d_model 64,
+  2 layers); generated step by step at test time.
+
+Rows `nf-<name>` (when `neuralforecast` is importable) are neuralforecast's PatchTST, iTransformer and
+VanillaTransformer, trained by `NeuralForecast.cross_validation(step_size=1, refit=False,
+val_size=test_size=the protocol's 2880 (x4))` on the SAME scaled values (our datamodule's
+train-fitted StandardScaler applied to the table first; neuralforecast's own scaler is `identity`),
+so they train on rows [0, 8640) and forecast exactly the same rolling origins. Before any peer is
+scored the script checks that its forecast origins are our test windows' origins, and computes the
+persistence baseline (last value repeated) both from our windows and from neuralforecast's output:
+both are recorded and must agree.
+
+Budget: our rows train `--epochs` epochs of batches of 32 windows (`--max-train-batches` caps the
+batches per epoch; validation every epoch, the best epoch's checkpoint is tested); the peers train
+the same number of optimizer steps with the same windows per step (univariate models: 32 x 7
+channel windows per step; iTransformer, multivariate: 32 windows of 7 channels), loss MSE.
+
+`--throughput` times training steps (forward, backward, AdamW step) on one fixed batch (data loading
+excluded) for our families and neuralforecast's VanillaTransformer at the same width, depth and batch,
+each in its own subprocess, and prints the ratios; memory: on a GPU the peak of
+`torch.cuda.max_memory_allocated`, on the CPU the growth of the subprocess's peak resident set size
+(ru_maxrss) from before the first training step to after the last (activations, gradients and
+optimizer state; allocator caching included: a coarse figure).
+
+RESULTS.md (`--results`, default benchmarks/RESULTS.md) is written by every non-quick invocation
+from what that invocation measured, beside the published PatchTST/64 rows; nothing measured is
+typed in by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "src") not in sys.path:
+    sys.path.insert(0, str(REPO / "src"))
+
+from tsformer.data.ett import STEPS_PER_HOUR  # noqa: E402
+
+EXPERIMENT = "ett-benchmark"
+BATCH = 32  # the literature's batch (conf/experiment/ett.yaml)
+OURS = {
+    "tsformer-patchtst": ["model=patchtst"],
+    "tsformer-enc_only_forecast": ["model=enc_only_forecast", "model.revin=true"],
+    "tsformer-enc_dec": [
+        "model=enc_dec",
+        "model.revin=true",
+        "model.channel_independent=true",
+        "model.patch_len=16",
+        "model.patch_stride=8",
+        "model.net.n_decoder_layers=1",
+    ],
+    "tsformer-dec_only": ["model=dec_only", "model.revin=true", "model.channel_independent=true"],
+}
+PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer")
+QUICK = [
+    "model.net.d_model=16",
+    "model.net.n_heads=2",
+    "model.net.n_layers=1",
+    "model.warmup_steps=2",
+    "trainer.limit_val_batches=1",
+    "n_plot_windows=1",
+]
+COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", f"logger.mlflow.experiment_name={EXPERIMENT}"]
+
+# Nie et al., "A Time Series is Worth 64 Words", ICLR 2023, Table 3, PatchTST/64 (L = 512), MSE.
+PUBLISHED = {
+    "ETTh1": {96: 0.370, 192: 0.413, 336: 0.422, 720: 0.447},
+    "ETTm1": {96: 0.293, 192: 0.333, 336: 0.369, 720: 0.416},
+}
+PUBLISHED_SOURCE = "Nie et al. ICLR 2023, Table 3 (PatchTST/64)"
+COLUMNS = ["model", "dataset", "L", "H", "mse", "mae", "train_s", "params", "source"]
+DETAIL_COLUMNS = ["model", "dataset", "L", "H", "test_windows", "expected_windows", "steps", "persistence_mse_ours", "persistence_mse_peer_side", "mlflow_run_id"]
+
+
+def protocol_test_windows(dataset: str, horizon: int) -> int:
+    """Rolling origins over the test period: 2880 - H + 1 for ETTh, 11520 - H + 1 for ETTm."""
+    return 2880 * STEPS_PER_HOUR[dataset[3]] - horizon + 1
+
+
+def machine() -> str:
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {platform.machine()}, {os.cpu_count()} cores"
+    return f"{device}, OMP_NUM_THREADS={threads}, torch {torch.__version__}"
+
+
+def nf_available() -> bool:
+    try:
+        import neuralforecast  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def datamodule(dataset: str, L: int, H: int):
+    from hydra.utils import instantiate
+
+    from tsformer.train import compose_config
+
+    cfg = compose_config(["experiment=ett", f"data.name={dataset}", f"model.context_len={L}", f"model.horizon={H}"], Path(tempfile.mkdtemp()))
+    dm = instantiate(cfg.data)
+    dm.setup()
+    return dm
+
+
+def persistence_ours(dm) -> tuple[float, float, int]:
+    """Last observed value repeated, on our test windows (scaled): (mse, mae, windows)."""
+    ds = dm.datasets["test"]
+    target = ds.target.numpy().astype(np.float64)
+    starts = ds.starts
+    last = target[starts + ds.context_len - 1]  # (W, Dy)
+    fut_rows = starts[:, None] + ds.context_len + np.arange(ds.horizon)[None, :]  # (W, H)
+    err = target[fut_rows] - last[:, None, :]  # (W, H, Dy)
+    return float((err**2).mean()), float(np.abs(err).mean()), len(starts)
+
+
+# -- our families -----------------------------------------------------------------------------------
+
+
+def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    from tsformer.train import compose_config, run
+
+    overrides = [
+        "experiment=ett",
+        *OURS[name],
+        f"data.name={dataset}",
+        f"model.context_len={L}",
+        f"model.horizon={H}",
+        f"trainer.max_epochs={args.epochs}",
+        f"seed={args.seed}",
+        *COMMON,
+        f"logger.mlflow.run_name={name}-{dataset}-{L}-{H}",
+    ]
+    if args.max_train_batches:
+        overrides.append(f"trainer.limit_train_batches={args.max_train_batches}")
+    if args.quick:
+        overrides += QUICK
+    cfg = compose_config(overrides, out_root / f"{name}-{dataset}-{L}-{H}")
+    result = run(cfg)
+    n_windows = len(result.forecasts[["origin_time", "series_id"]].drop_duplicates())
+    if result.run_id:
+        client = MlflowClient(tracking_uri=cfg.logger.mlflow.tracking_uri)
+        client.log_metric(result.run_id, "test/n_windows", n_windows)
+        client.set_tag(result.run_id, "benchmark_row", name)
+    return {
+        "mse": result.metrics["test/mse"],
+        "mae": result.metrics["test/mae"],
+        "train_s": result.fit_seconds,
+        "params": result.n_params,
+        "test_windows": n_windows,
+        "persistence_mse_ours": result.metrics["test/baseline_mse"],
+        "mlflow_run_id": result.run_id,
+    }
+
+
+# -- neuralforecast peers ---------------------------------------------------------------------------
+
+
+def nf_model(name: str, L: int, H: int, steps: int, quick: bool, seed: int):
+    from neuralforecast.losses.pytorch import MSE
+    from neuralforecast.models import PatchTST, VanillaTransformer, iTransformer
+
+    common = dict(
+        h=H,
+        input_size=L,
+        loss=MSE(),
+        max_steps=steps,
+        val_check_steps=steps,  # validated once, at the end (our rows: every epoch)
+        early_stop_patience_steps=-1,
+        scaler_type="identity",  # the inputs are already scaled with the train-fitted StandardScaler
+        random_seed=seed,
+        inference_windows_batch_size=1024,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        accelerator="cpu",
+    )
+    small = quick
+    if name == "nf-PatchTST":  # PatchTST/64 sizes, as our preset
+        return PatchTST(
+            **common,
+            batch_size=7,
+            windows_batch_size=BATCH * 7,
+            hidden_size=16 if small else 128,
+            n_heads=2 if small else 16,
+            encoder_layers=1 if small else 3,
+            linear_hidden_size=32 if small else 256,
+            patch_len=16,
+            stride=8,
+            revin=True,
+            dropout=0.2,
+            learning_rate=1e-4,
+        ), "univariate: d 128, 3 layers, 16 heads, FFN 256, patches 16/8, RevIN"
+    if name == "nf-iTransformer":
+        return iTransformer(
+            **common,
+            n_series=7,
+            batch_size=7,
+            windows_batch_size=BATCH,
+            hidden_size=16 if small else 128,
+            n_heads=2 if small else 8,
+            e_layers=1 if small else 2,
+            d_ff=32 if small else 256,
+            learning_rate=1e-3,
+        ), "multivariate: d 128, 2 layers, 8 heads, FFN 256, its own instance norm"
+    if name == "nf-VanillaTransformer":
+        return VanillaTransformer(
+            **common,
+            batch_size=7,
+            windows_batch_size=BATCH * 7,
+            hidden_size=16 if small else 64,
+            n_head=2 if small else 4,
+            encoder_layers=1 if small else 2,
+            decoder_layers=1,
+            conv_hidden_size=32 if small else 256,
+            learning_rate=1e-4,
+        ), "univariate: d 64, 2 encoder + 1 decoder layers, 4 heads, FFN 256, no RevIN"
+    raise ValueError(name)
+
+
+def run_peer(name, dataset, L, H, dm, steps: int, args) -> dict:
+    import mlflow
+    from neuralforecast import NeuralForecast
+
+    from tsformer import tracking
+
+    k = STEPS_PER_HOUR[dataset[3]]
+    frame = dm.frame
+    scaled = dm.transform_target(frame[dm.target_names].to_numpy())  # train-fitted StandardScaler
+    times = frame[dm.schema.time_col].to_numpy()
+    df = pd.concat(
+        [pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]}) for j, col in enumerate(dm.target_names)],
+        ignore_index=True,
+    )
+    model, sizes = nf_model(name, L, H, steps, args.quick, args.seed)
+    nf = NeuralForecast(models=[model], freq="h" if k == 1 else "15min")
+    start = time.perf_counter()
+    cv = nf.cross_validation(df=df, n_windows=None, val_size=2880 * k, test_size=2880 * k, step_size=1, refit=False)
+    seconds = time.perf_counter() - start  # fit and forecast of every origin (the peers' fit alone is not exposed)
+    pred_col = [c for c in cv.columns if c not in ("unique_id", "ds", "cutoff", "y")][0]
+
+    # the same origins as our test windows, each with H steps for each of the 7 channels
+    ours = np.sort(dm.window_info("test").origin_time.to_numpy().astype("datetime64[ns]"))
+    theirs = np.sort(cv.cutoff.unique().astype("datetime64[ns]"))
+    if len(ours) != len(theirs) or not (ours == theirs).all():
+        raise RuntimeError(f"{name}: {len(theirs)} forecast origins, not our {len(ours)} test windows")
+    if len(cv) != len(ours) * H * 7:
+        raise RuntimeError(f"{name}: {len(cv)} forecast rows, expected {len(ours) * H * 7}")
+    # persistence from neuralforecast's side: the value at each cutoff, repeated, against its `y`
+    at_cutoff = df.rename(columns={"ds": "cutoff", "y": "y_last"})
+    merged = cv.merge(at_cutoff, on=["unique_id", "cutoff"], how="left")
+    persistence_mse = float(((merged.y - merged.y_last) ** 2).mean())
+    err = (cv.y - cv[pred_col]).to_numpy(np.float64)
+    n_params = sum(p.numel() for p in nf.models[0].parameters())
+    row = {
+        "mse": float((err**2).mean()),
+        "mae": float(np.abs(err).mean()),
+        "train_s": seconds,
+        "params": n_params,
+        "test_windows": len(theirs),
+        "persistence_mse_peer_side": persistence_mse,
+        "sizes": sizes,
+    }
+    mlflow.set_tracking_uri(tracking.absolute_sqlite_uri("sqlite:///mlflow.db"))
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name=f"{name}-{dataset}-{L}-{H}") as active:
+        mlflow.set_tags({"benchmark_row": name, "dataset": dataset, "family": name, "sizes": sizes})
+        mlflow.log_params({"L": L, "H": H, "max_steps": steps, "windows_per_step": BATCH * 7, "quick": args.quick})
+        mlflow.log_metrics(
+            {"test/mse": row["mse"], "test/mae": row["mae"], "fit_and_cv_seconds": seconds, "n_params": n_params,
+             "test/n_windows": len(theirs), "test/baseline_mse_peer_side": persistence_mse}
+        )
+        row["mlflow_run_id"] = active.info.run_id
+    return row
+
+
+# -- the table --------------------------------------------------------------------------------------
+
+
+def fmt(v, column: str = ""):
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if column == "params" or (isinstance(v, int) and column in ("steps",)):
+        return f"{int(v):,}"
+    if column == "train_s":
+        return f"{v:.1f}"
+    if isinstance(v, float):
+        return f"{v:.4f}" if column.startswith(("mse", "mae", "persistence")) else f"{v:.4g}"
+    return str(v)
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c), c) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def published_rows(datasets, horizons) -> list[dict]:
+    return [
+        {"model": "PatchTST/64 (paper)", "dataset": d, "L": 512, "H": h, "mse": PUBLISHED[d][h], "mae": None,
+         "train_s": None, "params": None, "source": PUBLISHED_SOURCE}
+        for d in datasets if d in PUBLISHED for h in horizons if h in PUBLISHED[d]
+    ]
+
+
+def write_results(path: Path, measured: list[dict], grid: list[tuple], args, stamp: str) -> None:
+    done = {(r["model"], r["dataset"], r["L"], r["H"]) for r in measured}
+    pending = [g for g in grid if g not in done]
+    budget = f"{args.epochs} epoch(s)" + (f", at most {args.max_train_batches} batches (optimizer steps) per epoch" if args.max_train_batches else "")
+    text = [
+        "# ETT side by side",
+        "",
+        "Written by `benchmarks/ett.py` (do not edit by hand); command of this run:",
+        "",
+        f"    {' '.join(['python', 'benchmarks/ett.py', *sys.argv[1:]])}",
+        "",
+        f"Measured rows: {stamp}, on {machine()}; budget for our rows {budget}, {BATCH} windows per batch; "
+        "the same number of steps and windows per step for the peers (see the script's docstring). "
+        "`train_s`: our rows, `trainer.fit` (validation included); peers, neuralforecast's "
+        "`cross_validation` (fit plus forecasting every test origin). MSE/MAE on the scaled values, "
+        "every test window. The published rows are the paper's own figures (L = 512, its own training "
+        "budget), MSE only: their MAE is not quoted here.",
+        "",
+        markdown(measured + published_rows(sorted({g[1] for g in grid} | {r['dataset'] for r in measured}), sorted({g[3] for g in grid} | {r['H'] for r in measured})), COLUMNS),
+        "",
+        "Per measured row: evaluated test windows (and the protocol's count), optimizer steps, the "
+        "persistence baseline's MSE computed from our windows and from the peer's own output (equal: "
+        "same windows, same scaling), and the MLflow run (./mlflow.db, experiment `ett-benchmark`).",
+        "",
+        markdown(measured, DETAIL_COLUMNS),
+        "",
+        f"Pending (requested, not measured in this run): {len(pending)} of {len(grid)} rows"
+        + (": " + "; ".join(f"{m} {d} L={L} H={H}" for m, d, L, H in pending) if pending else "."),
+        "",
+    ]
+    path.write_text("\n".join(text))
+    print(f"wrote {path}")
+
+
+# -- throughput -------------------------------------------------------------------------------------
+
+THROUGHPUT_MODELS = ["tsformer-enc_only_forecast", "tsformer-enc_dec", "tsformer-dec_only", "nf-VanillaTransformer"]
+
+
+def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dict:
+    """One model's training steps/s on one fixed batch of 32 windows x 7 channels (run in a subprocess)."""
+    import torch
+
+    torch.manual_seed(0)
+    dm = datamodule("ETTh1", L, H)
+    batch = next(iter(dm.train_dataloader()))
+    sizes = dict(d_target=7, d_known=0, d_observed=0)
+    if name.startswith("tsformer-"):
+        from hydra.utils import instantiate
+
+        from tsformer.train import compose_config
+
+        family = OURS[name][0].split("=")[1]
+        overrides = ["experiment=ett", f"model={family}", f"model.context_len={L}", f"model.horizon={H}",
+                     "model.revin=true", "model.channel_independent=true", f"model.net.d_model={d_model}",
+                     "model.net.n_heads=4", "model.net.n_layers=2", "model.net.ffn_expansion=4", "model.net.dropout=0.0"]
+        if family == "enc_dec":
+            overrides.append("model.net.n_decoder_layers=1")
+        cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
+        task = instantiate(cfg.model, _convert_="all", **sizes)
+        net = task
+
+        def loss_fn():
+            return task.loss(batch)
+    else:
+        from neuralforecast.models import VanillaTransformer
+
+        model = VanillaTransformer(h=H, input_size=L, hidden_size=d_model, n_head=4, encoder_layers=2, decoder_layers=1,
+                                   conv_hidden_size=4 * d_model, dropout=0.0)
+        net = model
+        # channel independence, as neuralforecast's univariate models see the data: (B*7, L, 1)
+        x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1)
+        y = batch["fut_target"].permute(0, 2, 1).reshape(-1, H)
+        windows = {"insample_y": x, "insample_mask": torch.ones_like(x), "futr_exog": torch.empty(0), "hist_exog": torch.empty(0), "stat_exog": torch.empty(0)}
+
+        def loss_fn():
+            out = model(windows)
+            return torch.nn.functional.mse_loss(out.reshape(len(y), H), y)
+
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    cuda = torch.cuda.is_available()
+
+    def step():
+        opt.zero_grad()
+        loss_fn().backward()
+        opt.step()
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # model, batch and data built, no step yet
+    step()  # warm-up (allocations, first-call overheads): its memory counts, its time does not
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = time.perf_counter() - start
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "model": name,
+        "params": sum(p.numel() for p in net.parameters()),
+        "channel_windows_per_s": steps * BATCH * 7 / seconds,
+        "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else (rss1 - rss0) / 1024,
+        "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
+    }
+
+
+def throughput(args) -> None:
+    L, H = args.throughput_window
+    rows = []
+    for name in args.throughput_models:
+        if name.startswith("nf-") and not nf_available():
+            print(f"skipping {name}: neuralforecast is not importable", file=sys.stderr)
+            continue
+        cmd = [sys.executable, __file__, "--_throughput-child", name, "--throughput-window", str(L), str(H),
+               "--throughput-steps", str(args.throughput_steps), "--throughput-d-model", str(args.throughput_d_model)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    ref = next((r for r in rows if r["model"] == "nf-VanillaTransformer"), None)
+    for r in rows:
+        r["speed_vs_nf_vanilla"] = r["channel_windows_per_s"] / ref["channel_windows_per_s"] if ref else None
+        r["mem_vs_nf_vanilla"] = r["peak_mem_mb"] / ref["peak_mem_mb"] if ref and ref["peak_mem_mb"] > 0 else None
+    print(f"\nthroughput, {dt.date.today()}, {machine()}: ETTh1 L={L} H={H}, batch {BATCH} windows x 7 channels "
+          f"(channel independence: {BATCH * 7} sequences), d_model {args.throughput_d_model}, 2 layers (+1 decoder layer "
+          f"for enc_dec and VanillaTransformer), 4 heads, FFN 4 x d_model, {args.throughput_steps} timed steps after 1 warm-up; "
+          f"memory: {rows[0]['memory_measure'] if rows else '-'}\n")
+    cols = ["model", "params", "channel_windows_per_s", "speed_vs_nf_vanilla", "peak_mem_mb", "mem_vs_nf_vanilla"]
+    print(markdown([{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in rows], cols))
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="ETTh1")
+    parser.add_argument("--lookbacks", default="336")
+    parser.add_argument("--horizons", default="96")
+    parser.add_argument("--models", default=",".join([*OURS, *PEERS]))
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-train-batches", type=int, default=None, help="cap on batches per epoch (all: the protocol's epoch)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny models, 3 batches: checks the script runs")
+    parser.add_argument("--results", type=Path, default=None, help="where to write the table (default benchmarks/RESULTS.md; --quick: none)")
+    parser.add_argument("--throughput", action="store_true")
+    parser.add_argument("--throughput-models", default=",".join(THROUGHPUT_MODELS))
+    parser.add_argument("--throughput-window", type=int, nargs=2, default=[96, 96], metavar=("L", "H"))
+    parser.add_argument("--throughput-steps", type=int, default=10)
+    parser.add_argument("--throughput-d-model", type=int, default=64)
+    parser.add_argument("--_throughput-child", dest="child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        L, H = args.throughput_window
+        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model)))
+        return
+    if args.throughput:
+        args.throughput_models = args.throughput_models.split(",")
+        throughput(args)
+        return
+    if args.quick:
+        args.max_train_batches = args.max_train_batches or 3
+    datasets = args.datasets.split(",")
+    lookbacks = [int(x) for x in args.lookbacks.split(",")]
+    horizons = [int(x) for x in args.horizons.split(",")]
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in OURS and m not in PEERS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {[*OURS, *PEERS]}")
+    have_nf = nf_available()
+    if not have_nf and any(m in PEERS for m in models):
+        print("neuralforecast is not importable: the nf-* rows are skipped (pending)", file=sys.stderr)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    out_root = Path(tempfile.mkdtemp(prefix="tsformer-ett-"))
+    grid = [(m, d, L, H) for d in datasets for L in lookbacks for H in horizons for m in models]
+    measured = []
+    results = args.results or (None if args.quick else REPO / "benchmarks" / "RESULTS.md")
+    for d in datasets:
+        for L in lookbacks:
+            for H in horizons:
+                dm = datamodule(d, L, H)
+                p_mse, _, n_ours = persistence_ours(dm)
+                n_train = dm.n_windows("train")
+                per_epoch = math.ceil(n_train / BATCH)
+                if args.max_train_batches:
+                    per_epoch = min(per_epoch, args.max_train_batches)
+                steps = args.epochs * per_epoch
+                for m in models:
+                    if m in PEERS and not have_nf:
+                        continue
+                    row = run_ours(m, d, L, H, args, out_root) if m in OURS else run_peer(m, d, L, H, dm, steps, args)
+                    row.update(model=m, dataset=d, L=L, H=H, steps=steps, expected_windows=protocol_test_windows(d, H))
+                    row.setdefault("persistence_mse_ours", p_mse)
+                    if m in PEERS and not np.isclose(row["persistence_mse_peer_side"], p_mse, rtol=1e-5):
+                        raise RuntimeError(f"{m}: persistence MSE {row['persistence_mse_peer_side']} on the peer's side, {p_mse} on ours")
+                    if m in OURS and not np.isclose(row["persistence_mse_ours"], p_mse, rtol=1e-4):
+                        raise RuntimeError(f"{m}: the run's naive baseline MSE {row['persistence_mse_ours']}, {p_mse} from the windows")
+                    row["source"] = f"measured {stamp}" + (" (--quick)" if args.quick else "")
+                    measured.append(row)
+                    print(f"\n{m} {d} L={L} H={H}: mse {row['mse']:.4f} mae {row['mae']:.4f}, "
+                          f"{row['test_windows']} test windows (protocol {row['expected_windows']}, ours {n_ours}), "
+                          f"{steps} steps, {row['train_s']:.1f} s", flush=True)
+                    if results is not None:  # after every row: an interrupted run leaves its rows and the pending list
+                        write_results(results, measured, grid, args, stamp)
+    print(f"\n{stamp}, {machine()}\n")
+    print(markdown(measured, COLUMNS))
+    print()
+    print(markdown(measured, DETAIL_COLUMNS))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""benchmarks/ett.py (ETT side by side): a --quick run of one of our families writes a RESULTS-style
+table whose row was evaluated on every test window of the protocol. Skips where ../shared is absent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+DATA = REPO.parent / "shared" / "data" / "ETT-small"
+needs_data = pytest.mark.skipif(not (DATA / "ETTh1.csv").is_file(), reason=f"ETT data not found in {DATA}")
+
+
+def parse_tables(text: str) -> list[list[dict[str, str]]]:
+    """Every markdown table in `text`, as lists of {column: cell}."""
+    tables, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("| "):
+                rows.append(dict(zip(header, (c.strip() for c in lines[i].strip("|").split("|")))))
+                i += 1
+            tables.append(rows)
+        else:
+            i += 1
+    return tables
+
+
+def test_protocol_window_counts():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import ett as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    assert bench.protocol_test_windows("ETTh1", 96) == 2785
+    assert bench.protocol_test_windows("ETTh1", 720) == 2161
+    assert bench.protocol_test_windows("ETTm1", 96) == 11425
+
+
+@needs_data
+def test_quick_run_writes_results_rows(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "ett.py"), "--quick", "--models", "tsformer-enc_only_forecast",
+        "--datasets", "ETTh1", "--lookbacks", "96", "--horizons", "96", "--results", str(results),
+    ]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "mlflow.db").is_file()  # every run is logged, where the script was run
+
+    main, details = parse_tables(results.read_text())
+    assert list(main[0]) == ["model", "dataset", "L", "H", "mse", "mae", "train_s", "params", "source"]
+    ours = [r for r in main if r["model"] == "tsformer-enc_only_forecast"]
+    assert len(ours) == 1
+    row = ours[0]
+    assert (row["dataset"], row["L"], row["H"]) == ("ETTh1", "96", "96")
+    assert 0 < float(row["mse"]) < 10 and 0 < float(row["mae"]) < 10
+    assert int(row["params"].replace(",", "")) > 0 and float(row["train_s"]) > 0
+    assert row["source"].startswith("measured") and "--quick" in row["source"]
+    published = [r for r in main if r["source"].startswith("Nie et al.")]
+    assert [(r["dataset"], r["H"], r["mse"]) for r in published] == [("ETTh1", "96", "0.3700")]
+
+    detail = next(r for r in details if r["model"] == "tsformer-enc_only_forecast")
+    assert detail["test_windows"] == detail["expected_windows"] == "2785"  # every rolling origin of the test period
+    assert float(detail["persistence_mse_ours"]) > 0
+    assert "2785 test windows (protocol 2785" in out.stdout
