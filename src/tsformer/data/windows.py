@@ -121,6 +121,12 @@ class WindowDataset(Dataset):
         offset, n_target = target_span(self.context_len, self.horizon)
         return self.starts[:, None] + offset + np.arange(n_target)[None, :]  # (W, T_out)
 
+    def measured_target_rows(self) -> np.ndarray:
+        """Every row some window predicts, once, sorted, without the rows filled in for gaps: the
+        rows a per-row baseline may be fitted on."""
+        rows = np.unique(self.target_rows())
+        return rows[self.valid[rows].numpy()]
+
     def origin_rows(self) -> np.ndarray:
         """Row of each window's origin, (W,): last history step (forecast) or window start."""
         return self.starts + (self.context_len - 1 if self.horizon > 0 else 0)

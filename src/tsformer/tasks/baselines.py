@@ -47,8 +47,7 @@ class PerRowRegressor:
     def fit(self, datamodule) -> None:
         train = datamodule.datasets["train"]
         self.reconstruction = train.horizon == 0
-        rows = np.unique(train.target_rows())  # every row some train window predicts
-        rows = rows[train.valid[rows].numpy()]  # not the rows filled in for gaps
+        rows = train.measured_target_rows()
         inputs = self._inputs_of_rows(train.known, train.observed)[rows].numpy()
         targets = train.target[rows].numpy()
         self.estimator.fit(inputs, targets[:, 0] if targets.shape[1] == 1 else targets)
@@ -98,9 +97,7 @@ class PowerCurve:
         frame = datamodule.frame
         if self.curve_col not in frame.columns:
             raise ValueError(f"{self.name} needs the column {self.curve_col!r} in data.extra_cols")
-        train = datamodule.datasets["train"]
-        rows = np.unique(train.target_rows())  # train rows some window predicts
-        rows = rows[train.valid[rows].numpy()]  # not the rows filled in for gaps
+        rows = datamodule.datasets["train"].measured_target_rows()
         speed = frame[self.speed_col].to_numpy()[rows]
         curve = frame[self.curve_col].to_numpy()[rows]
         ok = np.isfinite(speed) & np.isfinite(curve)
