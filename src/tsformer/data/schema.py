@@ -185,12 +185,8 @@ class SeriesSchema:
     def _parse_numeric(self, raw: pd.Series, col, source, series, times, may_be_empty=False) -> pd.Series:
         values = pd.to_numeric(raw, errors="coerce").astype("float64")
         missing = raw.isna().to_numpy()
-        if missing.any() and not may_be_empty:
-            row = int(np.flatnonzero(missing)[0])
-            raise DataValidationError(
-                f"{source}: empty/NaN cell at {_where(source, col, row, self._sid(series, row), times[row])}"
-                f" ({int(missing.sum())} empty cell(s) in this column)"
-            )
+        if not may_be_empty:
+            self._refuse_empty(missing, col, source, series, times, "column")
         not_numeric = values.isna().to_numpy() & ~missing
         if not_numeric.any():
             row = int(np.flatnonzero(not_numeric)[0])
@@ -209,14 +205,17 @@ class SeriesSchema:
         return values
 
     def _parse_category(self, raw: pd.Series, col, source, series, times) -> pd.Series:
-        missing = raw.isna().to_numpy()
+        self._refuse_empty(raw.isna().to_numpy(), col, source, series, times, "static column")
+        return raw.astype(str)  # categories are compared as text: 7 and "7" are one category
+
+    def _refuse_empty(self, missing: np.ndarray, col, source, series, times, kind: str) -> None:
+        """An error at the first empty cell of a column (`missing`: (rows,) bool), if any."""
         if missing.any():
             row = int(np.flatnonzero(missing)[0])
             raise DataValidationError(
                 f"{source}: empty/NaN cell at {_where(source, col, row, self._sid(series, row), times[row])}"
-                f" ({int(missing.sum())} empty cell(s) in this static column)"
+                f" ({int(missing.sum())} empty cell(s) in this {kind})"
             )
-        return raw.astype(str)  # categories are compared as text: 7 and "7" are one category
 
     def _check_static(self, clean, source):
         """A static column holds one value per series: the first row that differs is an error."""
