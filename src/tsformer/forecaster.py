@@ -287,16 +287,16 @@ class Forecaster:
                 source, sid, n_future - c.horizon, c.horizon,
             )
         self._check_regular(clean, sid, rows[start:stop], source)
-        self._check_filled(clean, sid, rows[start : at + 1], [*c.target_cols, *c.known_cols, *c.observed_cols],
+        self._require_values(clean, sid, rows[start : at + 1], [*c.target_cols, *c.known_cols, *c.observed_cols],
                            source, "history")
-        self._check_filled(clean, sid, rows[at + 1 : stop], c.known_cols, source, "future")
+        self._require_values(clean, sid, rows[at + 1 : stop], c.known_cols, source, "future")
         return sid, rows[start], rows[at], rows[stop - 1] + 1
 
     def _reconstruction_windows(self, clean, sid, rows: np.ndarray, source) -> list[tuple]:
         """Windows tiling each gap-free run of the series (the last one aligned to the run's end)."""
         c = self.contract
         n = c.context_len
-        self._check_filled(clean, sid, rows, [*c.known_cols, *c.observed_cols], source, "input")
+        self._require_values(clean, sid, rows, [*c.known_cols, *c.observed_cols], source, "input")
         times = clean[c.time_col].to_numpy()[rows]
         breaks = np.flatnonzero(np.diff(times) != self._step().to_timedelta64()) + 1
         windows = []
@@ -339,7 +339,7 @@ class Forecaster:
                 "data, or fill the gap"
             )
 
-    def _check_filled(self, clean, sid, rows: np.ndarray, columns: list[str], source, what: str) -> None:
+    def _require_values(self, clean, sid, rows: np.ndarray, columns: list[str], source, what: str) -> None:
         part = clean.iloc[rows]
         for col in columns:
             empty = np.flatnonzero(part[col].isna().to_numpy())
