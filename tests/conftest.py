@@ -25,6 +25,22 @@ TINY = [
 ]
 
 
+PLANT_TARGETS = ["dynamic_temperature", "dynamic_pressure"]
+PLANT_KNOWN = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
+
+
+def plant_csv_overrides(path) -> list[str]:
+    """TINY settings for a simulated plant table saved as a CSV at `path`, read through data=csv."""
+    return [
+        *[o for o in TINY if not o.startswith("data.source")],
+        "data=csv",
+        f"data.source={path}",
+        f"data.target_cols=[{','.join(PLANT_TARGETS)}]",
+        f"data.known_cols=[{','.join(PLANT_KNOWN)}]",
+        "data.series_col=series_id",
+    ]
+
+
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     """Run from an empty folder, as a user would (mlflow.db lands there)."""

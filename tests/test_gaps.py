@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import PLANT_KNOWN, PLANT_TARGETS, plant_csv_overrides
 from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.data.gaps import FILLED_ROW, fill_gaps
 from tsformer.forecaster import Forecaster
@@ -15,8 +15,7 @@ from tsformer.tasks import EncoderForecaster
 from tsformer.train import compose_config, run
 
 STEP = pd.Timedelta("1min")
-TARGETS = ["dynamic_temperature", "dynamic_pressure"]
-KNOWN = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
+TARGETS, KNOWN = PLANT_TARGETS, PLANT_KNOWN
 
 
 def toy(drop=(3, 4, 10, 11, 12, 13, 14, 15)):
@@ -92,9 +91,7 @@ def test_run_with_fill_scores_and_exports_only_measured_steps(in_tmp):
     gap = df.time.isin(df.time.drop_duplicates().iloc[[700, 701]])  # in the test period
     df[~gap].to_csv(in_tmp / "gappy.csv", index=False)
     overrides = [
-        "model=enc_dec", *[o for o in TINY if not o.startswith("data.source")], "data=csv",
-        f"data.source={in_tmp / 'gappy.csv'}", f"data.target_cols=[{','.join(TARGETS)}]",
-        f"data.known_cols=[{','.join(KNOWN)}]", "data.series_col=series_id", "data.fill=interpolate",
+        "model=enc_dec", *plant_csv_overrides(in_tmp / "gappy.csv"), "data.fill=interpolate",
         "data.max_fill_steps=2", "logger=none",
     ]
     result = run(compose_config(overrides, in_tmp / "out"))

@@ -10,13 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import PLANT_KNOWN, PLANT_TARGETS, TINY, plant_csv_overrides
 from tsformer.data import DataValidationError, TimeSeriesDataModule, simulate_plant
 from tsformer.forecaster import Forecaster
 from tsformer.train import compose_config, run
 
-TARGETS = ["dynamic_temperature", "dynamic_pressure"]
-KNOWN = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
+TARGETS, KNOWN = PLANT_TARGETS, PLANT_KNOWN
 
 
 def plant_with_statics(n_series=3, n_steps=300) -> pd.DataFrame:
@@ -94,9 +93,7 @@ def test_model_folder_carries_the_statics_to_prediction(in_tmp, tmp_path, caplog
     df = plant_with_statics(n_series=3, n_steps=800)
     df.to_csv(tmp_path / "plant.csv", index=False)
     overrides = [
-        "model=dec_only", *[o for o in TINY if not o.startswith("data.source")], "data=csv",
-        f"data.source={tmp_path / 'plant.csv'}", f"data.target_cols=[{','.join(TARGETS)}]",
-        f"data.known_cols=[{','.join(KNOWN)}]", "data.series_col=series_id", "data.static_cols=[rated_kw]",
+        "model=dec_only", *plant_csv_overrides(tmp_path / "plant.csv"), "data.static_cols=[rated_kw]",
         "data.static_categorical_cols=[kind,series_id]", "logger=none",
     ]
     result = run(compose_config(overrides, in_tmp / "out"))
