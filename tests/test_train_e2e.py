@@ -99,3 +99,43 @@ def test_runs_from_two_folders_in_one_process_log_to_their_own_database(in_tmp, 
         client = MlflowClient(f"sqlite:///{in_tmp / name}/mlflow.db")
         (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
         assert len(client.search_runs([experiment.experiment_id])) == 1, name
+
+
+def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp, monkeypatch):
+    """For benchmarks whose CSV would be gigabytes: no CSV file or artifact, the figures still drawn
+    (from the test arrays), every test window still evaluated."""
+    from tsformer.train import run
+
+    monkeypatch.chdir(in_tmp)
+    overrides = ["model=enc_dec", *TINY, "forecasts_file=null"]
+    result = run(compose_config(overrides, in_tmp / "out"))
+    assert result.csv_path is None and result.forecasts is None
+    assert not list((in_tmp / "out").glob("*.csv"))
+    dm = instantiate(compose_config(overrides, in_tmp / "check").data)
+    dm.setup()
+    assert result.n_test_windows == dm.n_windows("test") > 0
+    client = MlflowClient(f"sqlite:///{in_tmp}/mlflow.db")
+    assert not client.list_artifacts(result.run_id, "forecasts")
+    plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
+    assert {"plots/test_windows.png", "plots/error_by_step.png"} <= plots
+    assert np.isfinite(result.metrics["test/mse"])
+
+
+def test_mae_by_step_equals_the_csv_frame_grouped_by_variable_and_step(in_tmp):
+    """The error-by-step figure is drawn from the arrays; it must show what the CSV would give."""
+    from tsformer.export import forecasts_frame, mae_by_step
+
+    dm = instantiate(compose_config(["model=enc_dec", *TINY], in_tmp / "out").data)
+    dm.setup()
+    W, T, Dy = dm.n_windows("test"), dm.horizon, dm.d_target
+    rng = np.random.default_rng(0)
+    pred, true = rng.normal(size=(W, T, Dy)), rng.normal(size=(W, T, Dy))
+    valid = rng.random((W, T)) > 0.2  # some steps filled in: not scored
+    frame = forecasts_frame(dm, "test", pred, true, valid)
+    expected = (frame.y_pred - frame.y_true).abs().groupby([frame.variable, frame.step]).mean()
+    got = mae_by_step(dm, pred, true, valid).set_index(["variable", "step"]).mae
+    pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False, rtol=1e-9)
+    # a frame of a few windows is the full frame's rows of those windows
+    some = forecasts_frame(dm, "test", pred, true, valid, windows=np.array([0, W - 1]))
+    origins = dm.window_info("test").origin_time.iloc[[0, W - 1]]
+    assert len(some) == 2 * T * Dy and set(some.origin_time) == set(origins)

@@ -18,15 +18,26 @@ COLUMNS = ["series_id", "origin_time", "target_time", "step", "variable", "y_tru
 
 
 def forecasts_frame(
-    datamodule, split: str, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None
+    datamodule,
+    split: str,
+    pred_scaled: np.ndarray,
+    true_scaled: np.ndarray,
+    valid: np.ndarray | None = None,
+    windows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset; `valid`
-    `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty."""
+    `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty.
+    `windows`: indices of the windows to keep (e.g. the few a figure shows); None: all of them."""
     info = datamodule.window_info(split)  # one row per window: series_id, origin_time
     target_times = datamodule.target_times(split)  # (W, T_out)
     W, T, Dy = pred_scaled.shape
     if len(info) != W or target_times.shape != (W, T):
         raise ValueError(f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}")
+    if windows is not None:
+        info, target_times = info.iloc[windows].reset_index(drop=True), target_times[windows]
+        pred_scaled, true_scaled = pred_scaled[windows], true_scaled[windows]
+        valid = None if valid is None else np.asarray(valid)[windows]
+        W = len(info)
     pred = datamodule.inverse_transform_target(pred_scaled)  # (W, T, Dy) original units
     true = datamodule.inverse_transform_target(true_scaled)
     if valid is not None:
@@ -57,3 +68,22 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)
     return path
+
+
+def mae_by_step(datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None) -> pd.DataFrame:
+    """Mean absolute error in original units over all windows, per variable and step: columns
+    `variable, step, mae` (steps numbered as in the CSV; filled steps not scored). From the arrays,
+    so that it needs no CSV-sized frame (ETTm1 at H=720: 56 million rows)."""
+    err = np.abs(datamodule.inverse_transform_target(pred_scaled) - datamodule.inverse_transform_target(true_scaled))  # (W, T, Dy)
+    if valid is not None:
+        err = np.where(np.asarray(valid)[..., None], err, np.nan)
+    mae = np.nanmean(err, axis=0)  # (T, Dy)
+    T, Dy = mae.shape
+    first_step = 1 if datamodule.horizon > 0 else 0
+    return pd.DataFrame(
+        {
+            "variable": np.repeat(np.asarray(datamodule.target_names, dtype=object), T),
+            "step": np.tile(np.arange(T) + first_step, Dy),
+            "mae": mae.T.reshape(-1),  # (Dy, T) -> variable-major rows
+        }
+    )

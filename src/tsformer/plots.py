@@ -39,16 +39,16 @@ def forecast_windows_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_wi
     return fig
 
 
-def error_by_step_figure(forecasts: pd.DataFrame, baseline: pd.DataFrame | None = None):
-    """Mean absolute error (original units) against the step, one line per variable (and baseline)."""
+def error_by_step_figure(model: pd.DataFrame, baseline: pd.DataFrame | None = None):
+    """Mean absolute error (original units) against the step, one line per variable (and baseline).
+
+    model, baseline: `export.mae_by_step` tables (columns variable, step, mae)."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for var, group in forecasts.groupby("variable", sort=False):
-        mae = (group.y_pred - group.y_true).abs().groupby(group.step).mean()
-        line = ax.plot(mae.index, mae.values, label=f"{var} model")[0]
+    for var, group in model.groupby("variable", sort=False):
+        line = ax.plot(group.step, group.mae, label=f"{var} model")[0]
         if baseline is not None:
             b = baseline[baseline.variable == var]
-            bmae = (b.y_pred - b.y_true).abs().groupby(b.step).mean()
-            ax.plot(bmae.index, bmae.values, ls="--", color=line.get_color(), label=f"{var} baseline")
+            ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{var} baseline")
     ax.set_xlabel("step")
     ax.set_ylabel("MAE (original units)")
     ax.legend(fontsize=7)

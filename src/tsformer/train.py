@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 import joblib
+import numpy as np
 import lightning as L
 import pandas as pd
 from hydra.utils import instantiate
@@ -31,7 +32,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
-from tsformer.export import forecasts_frame, write_csv
+from tsformer.export import forecasts_frame, mae_by_step, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import error_by_step_figure, forecast_windows_figure
 
@@ -69,9 +70,10 @@ class RunResult:
     """What one run produced (for scripts and sweeps; the CLI prints a summary of it)."""
 
     metrics: dict[str, float]  # test/* metrics of the model and the baselines
-    forecasts: pd.DataFrame  # the exported CSV's rows (original units)
-    baseline_forecasts: pd.DataFrame  # the naive baseline's, same layout
-    csv_path: Path
+    n_test_windows: int  # every window of the test split, each evaluated once
+    forecasts: pd.DataFrame | None  # the exported CSV's rows (original units); None: forecasts_file=null
+    baseline_forecasts: pd.DataFrame | None  # the naive baseline's, same layout
+    csv_path: Path | None
     model_folder: Path  # what predict.py and Forecaster.load read
     best_val: float | None  # best monitored validation metric (val/mse by default)
     run_id: str | None
@@ -137,9 +139,11 @@ def run(cfg: DictConfig) -> RunResult:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
-            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
-            csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-            baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
+            forecasts = baseline = csv_path = None
+            if cfg.forecasts_file:
+                forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
+                csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+                baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
             run_id = mlflow_logger.run_id if mlflow_logger is not None else None
             info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
             model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
@@ -147,7 +151,7 @@ def run(cfg: DictConfig) -> RunResult:
             example = example_table(datamodule)
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
-                _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                _log_outputs(mlflow_logger, cfg, datamodule, outputs, csv_path, best, output_dir)
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -160,6 +164,7 @@ def run(cfg: DictConfig) -> RunResult:
     score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     return RunResult(
         metrics=metrics,
+        n_test_windows=len(outputs["pred"]),
         forecasts=forecasts,
         baseline_forecasts=baseline,
         csv_path=csv_path,
@@ -187,10 +192,12 @@ def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Res
     log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
-def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
+def _log_outputs(logger, cfg, datamodule, outputs: dict, csv_path: Path | None, best_ckpt, output_dir: Path) -> None:
+    """The CSV, scalers and best checkpoint as artifacts; the figures, drawn from the test outputs
+    (`outputs`: pred, true, valid, baseline arrays in window order) without the CSV-sized frame."""
     scaler_dir = output_dir / "scalers"
     scaler_dir.mkdir(parents=True, exist_ok=True)
-    files = [("forecasts", csv_path)]  # (artifact folder, local file)
+    files = [("forecasts", csv_path)] if csv_path is not None else []  # (artifact folder, local file)
     for name in ("target_scaler", "covariate_scaler"):
         scaler = getattr(datamodule, name)
         if scaler is not None:
@@ -205,9 +212,14 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
         history = history.rename(columns={datamodule.schema.series_col: "series_id"})
     else:
         history = history.assign(series_id=0)
-    fig = forecast_windows_figure(forecasts, history, cfg.n_plot_windows)
+    n_windows = len(outputs["pred"])
+    shown = np.linspace(0, n_windows - 1, min(cfg.n_plot_windows, n_windows)).round().astype(int)  # spread over the test period
+    windows = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], windows=shown)
+    fig = forecast_windows_figure(windows, history, cfg.n_plot_windows)
     tracking.log_figure(logger, fig, "plots/test_windows.png")
-    fig = error_by_step_figure(forecasts, baseline)
+    model_mae = mae_by_step(datamodule, outputs["pred"], outputs["true"], outputs["valid"])
+    baseline_mae = mae_by_step(datamodule, outputs["baseline"], outputs["true"], outputs["valid"])
+    fig = error_by_step_figure(model_mae, baseline_mae)
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
 
 
@@ -226,7 +238,7 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
     for name in names:
         keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
-    lines.append(f"forecasts CSV: {csv_path.resolve()}")
+    lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
     ref = logger.run_id if logger is not None else model_folder.resolve()
     lines.append(f"forecast new data: python predict.py {ref} <table.csv> --output forecasts.csv")
     lines.append("=" * 72)
