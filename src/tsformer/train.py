@@ -10,6 +10,8 @@ them together in order:
    and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM, or
    FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
+With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
+process alone (`_one_process_for_test`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 import joblib
 import lightning as L
 import pandas as pd
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -33,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tsformer import resume, tracking
 from tsformer.export import forecasts_frame, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.plots import error_by_step_figure, forecast_windows_figure
+from tsformer.plots import attention_figure, error_by_step_figure, forecast_windows_figure
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +82,11 @@ class RunResult:
     fit_seconds: float
 
 
-def run(cfg: DictConfig) -> RunResult:
-    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names."""
+def run(cfg: DictConfig) -> RunResult | None:
+    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names.
+
+    None in the processes other than the global-zero one of a multi-process fit (DDP).
+    """
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
     if resumed is not None:
         # The original run's config, output folder included (not Hydra's new one): the checkpoints
@@ -123,6 +129,10 @@ def run(cfg: DictConfig) -> RunResult:
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+    # Under DDP every process runs this function; only the global-zero one opens, fills and closes
+    # the MLflow run (the others' Lightning logger is a no-op, and they stop after the fit).
+    if not trainer.is_global_zero:
+        mlflow_logger = None
 
     with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"):
         try:
@@ -133,8 +143,12 @@ def run(cfg: DictConfig) -> RunResult:
             trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
             fit_seconds = time.perf_counter() - start
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+            score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+            tester = _one_process_for_test(trainer, cfg, loggers)
+            if tester is None:
+                return None
+            tester.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
+            metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
             forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
@@ -147,7 +161,7 @@ def run(cfg: DictConfig) -> RunResult:
             example = example_table(datamodule)
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
-                _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                _log_outputs(mlflow_logger, cfg, task, datamodule, forecasts, baseline, csv_path, best, output_dir)
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -157,7 +171,6 @@ def run(cfg: DictConfig) -> RunResult:
             raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
-    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     return RunResult(
         metrics=metrics,
         forecasts=forecasts,
@@ -169,6 +182,28 @@ def run(cfg: DictConfig) -> RunResult:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
     )
+
+
+def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) -> L.Trainer | None:
+    """The Trainer that tests the best checkpoint: `trainer` itself after a one-process fit.
+
+    After a multi-process fit (DDP) the test, the CSV, the model folder and the MLflow outputs
+    belong to the global-zero process alone, on one device: under DDP, Lightning's test loader would
+    repeat windows to even out the processes, and each process would hold the predictions of its
+    share only. The process group is closed in every process first (nothing after the fit is a
+    collective: the test metrics must not wait for processes that have left); the other processes
+    get None and end.
+    """
+    if trainer.world_size == 1:
+        return trainer
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if not trainer.is_global_zero:
+        return None
+    # the callbacks whose state the checkpoint holds (checkpointing, early stopping): idle in a test,
+    # and Lightning warns when a checkpoint's callbacks are missing
+    stateful = [c for c in trainer.callbacks if c.state_dict()]
+    return instantiate(cfg.trainer, strategy="auto", devices=1, num_nodes=1, logger=loggers or False, callbacks=stateful)
 
 
 def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
@@ -187,7 +222,7 @@ def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Res
     log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
-def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
+def _log_outputs(logger, cfg, task, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
     scaler_dir = output_dir / "scalers"
     scaler_dir.mkdir(parents=True, exist_ok=True)
     files = [("forecasts", csv_path)]  # (artifact folder, local file)
@@ -209,6 +244,8 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
     tracking.log_figure(logger, fig, "plots/test_windows.png")
     fig = error_by_step_figure(forecasts, baseline)
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
+    fig = attention_figure(task, datamodule)
+    tracking.log_figure(logger, fig, "plots/attention.png")
 
 
 def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:
@@ -237,7 +274,8 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric, which Hydra's sweepers optimise."""
     log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
-    return run(cfg).best_val
+    result = run(cfg)
+    return result.best_val if result is not None else None  # None: another process of a DDP fit
 
 
 if __name__ == "__main__":
