@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed: figures go to files and MLflow
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import PowerNorm  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
@@ -80,7 +81,7 @@ def attention_figure(task, datamodule, window: int | None = None):
         f"origin {pd.Timestamp(info.origin_time):%Y-%m-%d %H:%M})"
     )
     if task.options.channel_independent:
-        title += f", the series of {task.target_names[0]} (channel-independent)"
+        title += f"\nthe series of {task.target_names[0]} (channel-independent: one series per target)"
     return attention_maps_figure(maps, title)
 
 
@@ -89,8 +90,9 @@ def attention_maps_figure(maps: dict, title: str = ""):
 
     maps: `{layer name: (H, Tq, Tk)}` weights, names as `WindowTask.attention_maps` gives them
     (`encoder.blocks.0.self_attn`, `decoder.blocks.1.cross_attn`, ...). Rows of a map are queries,
-    columns keys (in cross-attention, the encoder's memory tokens); each panel has its own colour
-    scale from 0, so that the structure of weak heads shows too.
+    columns keys (in cross-attention, the encoder's memory tokens). Each panel has its own colour
+    scale from 0, square-root (a causal map's first rows hold weights near 1, the later ones spread
+    thin), so that the structure of every row and of weak heads shows.
     """
     if not maps:
         raise ValueError("no attention maps: the model has no attention layer that ran")
@@ -106,7 +108,8 @@ def attention_maps_figure(maps: dict, title: str = ""):
             if head >= weights.shape[0]:
                 ax.axis("off")
                 continue
-            ax.imshow(weights[head], vmin=0.0, cmap="viridis", aspect="auto", interpolation="nearest")
+            norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(float(weights[head].max()), 1e-12))
+            ax.imshow(weights[head], norm=norm, cmap="viridis", aspect="auto", interpolation="nearest")
             ax.set_title(f"{label} · head {head + 1}", fontsize=7)
             ax.set_xlabel(keys, fontsize=6)
             ax.set_ylabel("query token", fontsize=6)
