@@ -1,0 +1,124 @@
+"""Multi-process training: `python train.py trainer=ddp` on 2 CPU processes (gloo), end to end.
+
+The fit is shared by the processes; the test, the CSV, the model folder and the MLflow run belong to
+the global-zero process alone (train.py `_one_process_for_test`). The samplers shard the
+one-process order (`EpochShuffle`, `EvalShard`), so 2 processes with batch b / 2 each take the same
+optimizer steps as one process with batch b: the test metrics then match a one-process run up to
+the order of float32 sums (gradients averaged over the processes instead of summed in one batch).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+
+from conftest import REPO, TINY
+from tsformer.data.datamodule import EpochShuffle, EvalShard
+from tsformer.train import compose_config
+
+BATCH = 32  # one process's batch; 2 processes take BATCH // 2 each
+# float32 sums in another order (DDP's all-reduce of 2 half-batch mean gradients vs one batch mean),
+# through 3 AdamW steps: measured relative differences of ~1e-7 in the test metrics; 1e-5 leaves room
+# and is far below what another data order or another model gives (differences of 1e-3 and more)
+RTOL = 1e-5
+
+
+def train(cwd, overrides):
+    cmd = [sys.executable, str(REPO / "train.py"), *TINY, *overrides, "hydra.run.dir=out"]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def only_run(folder):
+    client = MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+def files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_two_processes_give_one_run_every_window_once_and_the_one_process_metrics(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    one, ddp = tmp_path / "one", tmp_path / "ddp"
+    one.mkdir(), ddp.mkdir()
+    # 3 series: 63 val and test windows, an odd count that 2 processes cannot split evenly
+    settings = ["model=enc_dec", "data.source.n_series=3", "data.source.n_steps=600", "data.eval_batch_size=64"]
+    train(one, [*settings, f"data.batch_size={BATCH}"])
+    proc = train(ddp, [*settings, "trainer=ddp", f"data.batch_size={BATCH // 2}"])
+    assert "Starting with 2 processes" in proc.stderr + proc.stdout
+
+    run, reference = only_run(ddp), only_run(one)  # rank 1 created no run of its own
+    assert run.info.status == "FINISHED"
+    assert run.data.params["trainer/strategy"] == "ddp" and run.data.params["trainer/devices"] == "2"
+    test_metrics = {k: v for k, v in reference.data.metrics.items() if k.startswith("test/")}
+    assert len(test_metrics) > 8
+    for name, value in test_metrics.items():
+        assert run.data.metrics[name] == pytest.approx(value, rel=RTOL), name
+    # validation over both processes, each window once (EvalShard): the one-process value
+    assert run.data.metrics["val/mse"] == pytest.approx(reference.data.metrics["val/mse"], rel=RTOL)
+
+    # the CSV: every test window once, as one process writes it
+    csv = pd.read_csv(ddp / "out" / "forecasts.csv")
+    dm = instantiate(compose_config([*TINY, *settings], tmp_path / "check").data)
+    dm.setup()
+    assert len(csv) == dm.n_windows("test") * dm.horizon * dm.d_target
+    assert not csv.duplicated(["series_id", "origin_time", "step", "variable"]).any()
+    expected = pd.read_csv(one / "out" / "forecasts.csv")
+    pd.testing.assert_frame_equal(csv.drop(columns="y_pred"), expected.drop(columns="y_pred"))
+    np.testing.assert_allclose(csv.y_pred, expected.y_pred, rtol=1e-4, atol=1e-4 * expected.y_pred.abs().max())
+
+    # the output folder: what one process writes, and rank 1's log only, which names no MLflow run
+    assert files(ddp / "out") == sorted([*files(one / "out"), "train_ddp_process_1.log"])
+    assert "MLflow run id" in (ddp / "out" / "train.log").read_text()
+    assert "MLflow run id" not in (ddp / "out" / "train_ddp_process_1.log").read_text()
+
+
+def test_epoch_shuffle_shards_the_one_process_order():
+    windows = list(range(103))
+    epoch, b = 3, 8
+    single = EpochShuffle(windows, seed=7)
+    shards = [EpochShuffle(windows, seed=7, num_replicas=2, rank=r) for r in range(2)]
+    for sampler in [single, *shards]:
+        sampler.set_epoch(epoch)
+    order = list(single)
+    assert sorted(order) == windows  # one process: each window once per epoch
+    assert order == np.random.default_rng([7, epoch]).permutation(len(windows)).tolist()
+    parts = [list(s) for s in shards]
+    assert len(parts[0]) == len(parts[1]) == len(shards[0]) == 52  # padded to an even share
+    assert sorted(parts[0] + parts[1]) == sorted(windows + order[:1])  # the first window repeated
+    for step in range(len(windows) // b):  # the full batches: together, one process's batch
+        together = parts[0][step * b // 2 : (step + 1) * b // 2] + parts[1][step * b // 2 : (step + 1) * b // 2]
+        assert sorted(together) == sorted(order[step * b : (step + 1) * b])
+
+
+def test_eval_shard_evaluates_every_window_once():
+    windows = list(range(11))
+    shards = [EvalShard(windows, num_replicas=3, rank=r) for r in range(3)]
+    parts = [list(s) for s in shards]
+    assert [len(s) for s in shards] == [len(p) for p in parts] == [4, 4, 3]
+    assert sorted(sum(parts, [])) == windows
+
+
+def test_testing_on_several_processes_is_refused(tmp_path):
+    cfg = compose_config([*TINY, "model=enc_only"], tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = instantiate(cfg.model, _convert_="all", d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed)
+
+    class TwoProcesses:  # what on_test_start reads of a DDP trainer
+        world_size = 2
+
+    task._trainer = TwoProcesses()
+    with pytest.raises(RuntimeError, match="test on one process, not 2"):
+        task.on_test_start()
