@@ -25,6 +25,7 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 import joblib
 import lightning as L
 import pandas as pd
@@ -129,6 +130,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+    _refuse_ddp_launch_in_a_sweep(trainer)
     # Under DDP every process runs this function; only the global-zero one opens, fills and closes
     # the MLflow run (the others' Lightning logger is a no-op, and they stop after the fit).
     if not trainer.is_global_zero:
@@ -182,6 +184,20 @@ def run(cfg: DictConfig) -> RunResult | None:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
     )
+
+
+def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
+    """Lightning's DDP launcher starts the other processes by running the same command line again
+    with Hydra's run folder; under `-m` each of them starts the sweep again, in a sweep folder of its
+    own (facebookresearch/hydra#2070). Processes started by torchrun or SLURM are fine."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    launches = trainer.world_size > 1 and environment is not None and not environment.creates_processes_externally
+    if launches and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ValueError(
+            f"trainer.strategy={trainer.strategy.__class__.__name__} with {trainer.world_size} processes in a "
+            "sweep (-m): Lightning would start each other process by re-running the whole sweep. Run the "
+            "trials one by one, or start the processes with torchrun or srun (README, 'Several GPUs or machines')"
+        )
 
 
 def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) -> L.Trainer | None:
