@@ -122,3 +122,12 @@ def test_testing_on_several_processes_is_refused(tmp_path):
     task._trainer = TwoProcesses()
     with pytest.raises(RuntimeError, match="test on one process, not 2"):
         task.on_test_start()
+
+
+def test_a_sweep_refuses_to_launch_ddp_processes_itself(tmp_path):
+    # Lightning's launcher would re-run the whole `-m` command line in every other process
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", *TINY, "trainer=ddp", "hydra.sweep.dir=sweep"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "in a sweep (-m): Lightning would start each other process" in proc.stderr
+    assert "Starting with 2 processes" not in proc.stderr + proc.stdout
