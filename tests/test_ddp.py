@@ -9,6 +9,7 @@ the order of float32 sums (gradients averaged over the processes instead of summ
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,11 +30,26 @@ BATCH = 32  # one process's batch; 2 processes take BATCH // 2 each
 RTOL = 1e-5
 
 
-def train(cwd, overrides):
-    cmd = [sys.executable, str(REPO / "train.py"), *TINY, *overrides, "hydra.run.dir=out"]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+# 3 series: 63 val and test windows, an odd count that 2 processes cannot split evenly
+SETTINGS = ["model=enc_dec", "data.source.n_series=3", "data.source.n_steps=600", "data.eval_batch_size=64"]
+
+
+def train(cwd, overrides, launcher=()):
+    """`python train.py` (or `<launcher> train.py`) from `cwd`, logging to its ./mlflow.db."""
+    cwd.mkdir()
+    cmd = [*(launcher or [sys.executable]), str(REPO / "train.py"), *TINY, *SETTINGS, *overrides, "hydra.run.dir=out"]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run with batch BATCH: its folder."""
+    folder = tmp_path_factory.mktemp("ddp") / "one"
+    train(folder, [f"data.batch_size={BATCH}"])
+    return folder
 
 
 def only_run(folder):
@@ -48,17 +64,9 @@ def files(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def test_two_processes_give_one_run_every_window_once_and_the_one_process_metrics(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    one, ddp = tmp_path / "one", tmp_path / "ddp"
-    one.mkdir(), ddp.mkdir()
-    # 3 series: 63 val and test windows, an odd count that 2 processes cannot split evenly
-    settings = ["model=enc_dec", "data.source.n_series=3", "data.source.n_steps=600", "data.eval_batch_size=64"]
-    train(one, [*settings, f"data.batch_size={BATCH}"])
-    proc = train(ddp, [*settings, "trainer=ddp", f"data.batch_size={BATCH // 2}"])
-    assert "Starting with 2 processes" in proc.stderr + proc.stdout
-
-    run, reference = only_run(ddp), only_run(one)  # rank 1 created no run of its own
+def check_like_one_process(ddp, one, tmp_path):
+    """One FINISHED MLflow run with the one-process run's metrics; its CSV has every test window once."""
+    run, reference = only_run(ddp), only_run(one)  # no other process created a run
     assert run.info.status == "FINISHED"
     assert run.data.params["trainer/strategy"] == "ddp" and run.data.params["trainer/devices"] == "2"
     test_metrics = {k: v for k, v in reference.data.metrics.items() if k.startswith("test/")}
@@ -68,9 +76,8 @@ def test_two_processes_give_one_run_every_window_once_and_the_one_process_metric
     # validation over both processes, each window once (EvalShard): the one-process value
     assert run.data.metrics["val/mse"] == pytest.approx(reference.data.metrics["val/mse"], rel=RTOL)
 
-    # the CSV: every test window once, as one process writes it
     csv = pd.read_csv(ddp / "out" / "forecasts.csv")
-    dm = instantiate(compose_config([*TINY, *settings], tmp_path / "check").data)
+    dm = instantiate(compose_config([*TINY, *SETTINGS], tmp_path / "check").data)
     dm.setup()
     assert len(csv) == dm.n_windows("test") * dm.horizon * dm.d_target
     assert not csv.duplicated(["series_id", "origin_time", "step", "variable"]).any()
@@ -78,10 +85,25 @@ def test_two_processes_give_one_run_every_window_once_and_the_one_process_metric
     pd.testing.assert_frame_equal(csv.drop(columns="y_pred"), expected.drop(columns="y_pred"))
     np.testing.assert_allclose(csv.y_pred, expected.y_pred, rtol=1e-4, atol=1e-4 * expected.y_pred.abs().max())
 
+
+def test_two_processes_give_one_run_every_window_once_and_the_one_process_metrics(tmp_path, one_process):
+    ddp = tmp_path / "ddp"
+    proc = train(ddp, ["trainer=ddp", f"data.batch_size={BATCH // 2}"])  # Lightning starts process 1
+    assert "Starting with 2 processes" in proc.stderr + proc.stdout
+    check_like_one_process(ddp, one_process, tmp_path)
+
     # the output folder: what one process writes, and rank 1's log only, which names no MLflow run
-    assert files(ddp / "out") == sorted([*files(one / "out"), "train_ddp_process_1.log"])
+    assert files(ddp / "out") == sorted([*files(one_process / "out"), "train_ddp_process_1.log"])
     assert "MLflow run id" in (ddp / "out" / "train.log").read_text()
     assert "MLflow run id" not in (ddp / "out" / "train_ddp_process_1.log").read_text()
+
+
+def test_torchrun_starts_the_processes_the_same_run(tmp_path, one_process):
+    # both processes start at once: only the first may create the MLflow database
+    ddp = tmp_path / "ddp"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    train(ddp, ["trainer=ddp", f"data.batch_size={BATCH // 2}"], launcher=torchrun)
+    check_like_one_process(ddp, one_process, tmp_path)
 
 
 def test_epoch_shuffle_shards_the_one_process_order():

@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
@@ -123,7 +124,10 @@ def run(cfg: DictConfig) -> RunResult | None:
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
                 if resumed is not None:
                     entry.run_id = resumed.run_id
-    loggers = _instantiate_group(cfg.get("logger"))
+    # Under DDP every process runs this function, and the loggers belong to the first one: the others
+    # would only race it creating the MLflow database (torchrun and srun start them all at once).
+    # rank_zero_only.rank is the rank the launcher gave (RANK, SLURM_PROCID or LOCAL_RANK).
+    loggers = _instantiate_group(cfg.get("logger")) if rank_zero_only.rank == 0 else []
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
     callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
@@ -131,8 +135,8 @@ def run(cfg: DictConfig) -> RunResult | None:
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
     _refuse_ddp_launch_in_a_sweep(trainer)
-    # Under DDP every process runs this function; only the global-zero one opens, fills and closes
-    # the MLflow run (the others' Lightning logger is a no-op, and they stop after the fit).
+    # Only the global-zero process opens, fills and closes the MLflow run (the others stop after the
+    # fit); the Trainer knows the global rank also where the launcher gave a node-local one.
     if not trainer.is_global_zero:
         mlflow_logger = None
 
