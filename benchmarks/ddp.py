@@ -59,7 +59,8 @@ def train(folder: Path, overrides: list[str]) -> tuple[dict[str, float], float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--model", default="enc_dec")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64, help="one process's batch size B")
@@ -91,7 +92,8 @@ def main() -> None:
                 results.setdefault(name, []).append(train(folder, [*common, *overrides, f"seed={seed}"]))
                 print(f"{name}, seed {seed}: {results[name][-1]}", flush=True)
 
-    print(f"\n{args.model}, {common[1]}, seeds {seeds}; mean ± sd over seeds, wall s per run (start-up and test included)\n")
+    print(f"\n{args.model}, {common[1]}, seeds {seeds}; mean ± sd over seeds,", end=" ")
+    print("wall s per run (start-up and test included)\n")
     print("| run | " + " | ".join(METRICS) + " | wall s |")
     print("|---" * (len(METRICS) + 2) + "|")
     for name, runs in results.items():

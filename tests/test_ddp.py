@@ -37,7 +37,8 @@ SETTINGS = ["model=enc_dec", "data.source.n_series=3", "data.source.n_steps=600"
 def train(cwd, overrides, launcher=()):
     """`python train.py` (or `<launcher> train.py`) from `cwd`, logging to its ./mlflow.db."""
     cwd.mkdir()
-    cmd = [*(launcher or [sys.executable]), str(REPO / "train.py"), *TINY, *SETTINGS, *overrides, "hydra.run.dir=out"]
+    script = [*(launcher or [sys.executable]), str(REPO / "train.py")]
+    cmd = [*script, *TINY, *SETTINGS, *overrides, "hydra.run.dir=out"]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,7 +84,8 @@ def check_like_one_process(ddp, one, tmp_path):
     assert not csv.duplicated(["series_id", "origin_time", "step", "variable"]).any()
     expected = pd.read_csv(one / "out" / "forecasts.csv")
     pd.testing.assert_frame_equal(csv.drop(columns="y_pred"), expected.drop(columns="y_pred"))
-    np.testing.assert_allclose(csv.y_pred, expected.y_pred, rtol=1e-4, atol=1e-4 * expected.y_pred.abs().max())
+    scale = expected.y_pred.abs().max()
+    np.testing.assert_allclose(csv.y_pred, expected.y_pred, rtol=1e-4, atol=1e-4 * scale)
 
 
 def test_two_processes_give_one_run_every_window_once_and_the_one_process_metrics(tmp_path, one_process):
@@ -119,8 +121,9 @@ def test_epoch_shuffle_shards_the_one_process_order():
     parts = [list(s) for s in shards]
     assert len(parts[0]) == len(parts[1]) == len(shards[0]) == 52  # padded to an even share
     assert sorted(parts[0] + parts[1]) == sorted(windows + order[:1])  # the first window repeated
+    half = b // 2
     for step in range(len(windows) // b):  # the full batches: together, one process's batch
-        together = parts[0][step * b // 2 : (step + 1) * b // 2] + parts[1][step * b // 2 : (step + 1) * b // 2]
+        together = parts[0][step * half : (step + 1) * half] + parts[1][step * half : (step + 1) * half]
         assert sorted(together) == sorted(order[step * b : (step + 1) * b])
 
 
@@ -129,14 +132,15 @@ def test_eval_shard_evaluates_every_window_once():
     shards = [EvalShard(windows, num_replicas=3, rank=r) for r in range(3)]
     parts = [list(s) for s in shards]
     assert [len(s) for s in shards] == [len(p) for p in parts] == [4, 4, 3]
-    assert sorted(sum(parts, [])) == windows
+    assert sorted(w for part in parts for w in part) == windows
 
 
 def test_testing_on_several_processes_is_refused(tmp_path):
     cfg = compose_config([*TINY, "model=enc_only"], tmp_path)
     dm = instantiate(cfg.data)
     dm.setup()
-    task = instantiate(cfg.model, _convert_="all", d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed)
+    sizes = {"d_target": dm.d_target, "d_known": dm.d_known, "d_observed": dm.d_observed}
+    task = instantiate(cfg.model, _convert_="all", **sizes)
 
     class TwoProcesses:  # what on_test_start reads of a DDP trainer
         world_size = 2

@@ -35,7 +35,8 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     notebook = nbformat.read(REPO / "notebooks" / name, as_version=4)
     # the kernel runs in tmp_path: the notebook's mlflow.db and outputs/ land there
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources=resources).execute()
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]

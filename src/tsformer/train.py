@@ -167,7 +167,8 @@ def run(cfg: DictConfig) -> RunResult | None:
             example = example_table(datamodule)
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
-                _log_outputs(mlflow_logger, cfg, task, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                tracking.log_figure(mlflow_logger, attention_figure(task, datamodule), "plots/attention.png")
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -193,14 +194,15 @@ def run(cfg: DictConfig) -> RunResult | None:
 def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
     """Lightning's DDP launcher starts the other processes by running the same command line again
     with Hydra's run folder; under `-m` each of them starts the sweep again, in a sweep folder of its
-    own (facebookresearch/hydra#2070). Processes started by torchrun or SLURM are fine."""
+    own (facebookresearch/hydra#2070)."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
-    launches = trainer.world_size > 1 and environment is not None and not environment.creates_processes_externally
-    if launches and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+    launches = environment is not None and not environment.creates_processes_externally
+    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if trainer.world_size > 1 and launches and in_sweep:
         raise ValueError(
-            f"trainer.strategy={trainer.strategy.__class__.__name__} with {trainer.world_size} processes in a "
-            "sweep (-m): Lightning would start each other process by re-running the whole sweep. Run the "
-            "trials one by one, or start the processes with torchrun or srun (README, 'Several GPUs or machines')"
+            f"trainer.strategy={trainer.strategy.__class__.__name__} with {trainer.world_size} processes "
+            "in a sweep (-m): Lightning would start each other process by re-running the whole sweep. Run "
+            "the trials one by one (README, 'Several GPUs or machines')"
         )
 
 
@@ -223,7 +225,8 @@ def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) ->
     # the callbacks whose state the checkpoint holds (checkpointing, early stopping): idle in a test,
     # and Lightning warns when a checkpoint's callbacks are missing
     stateful = [c for c in trainer.callbacks if c.state_dict()]
-    return instantiate(cfg.trainer, strategy="auto", devices=1, num_nodes=1, logger=loggers or False, callbacks=stateful)
+    one_device = {"strategy": "auto", "devices": 1, "num_nodes": 1}
+    return instantiate(cfg.trainer, **one_device, logger=loggers or False, callbacks=stateful)
 
 
 def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
@@ -242,7 +245,7 @@ def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Res
     log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
-def _log_outputs(logger, cfg, task, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
+def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ckpt, output_dir: Path) -> None:
     scaler_dir = output_dir / "scalers"
     scaler_dir.mkdir(parents=True, exist_ok=True)
     files = [("forecasts", csv_path)]  # (artifact folder, local file)
@@ -264,8 +267,6 @@ def _log_outputs(logger, cfg, task, datamodule, forecasts, baseline, csv_path, b
     tracking.log_figure(logger, fig, "plots/test_windows.png")
     fig = error_by_step_figure(forecasts, baseline)
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
-    fig = attention_figure(task, datamodule)
-    tracking.log_figure(logger, fig, "plots/attention.png")
 
 
 def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:

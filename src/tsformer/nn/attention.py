@@ -189,12 +189,13 @@ def collect_attention(model: nn.Module):
     layer; autoregressive decoding with a KV cache makes one call per step (see `stack_query_rows`).
     Like `record_attention`, it runs the reference path, also where the layers are fused.
     """
-    calls = {name: [] for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
-    hooks = [
-        m.register_forward_hook(lambda module, args, output, name=name: calls[name].append(module.last_weights))
-        for name, m in model.named_modules()
-        if isinstance(m, MultiHeadAttention)
-    ]
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    calls = {name: [] for name in layers}
+
+    def keep(name):
+        return lambda module, args, output: calls[name].append(module.last_weights)
+
+    hooks = [m.register_forward_hook(keep(name)) for name, m in layers.items()]
     try:
         with record_attention(model):
             yield calls

@@ -232,8 +232,8 @@ class WindowTask(L.LightningModule):
         if self.trainer.world_size > 1:
             # each process would hold the predictions of its own share of the windows only
             raise RuntimeError(
-                f"test on one process, not {self.trainer.world_size}: every test window is evaluated once and "
-                "exported from one process (train.py tests a multi-process fit with a single-device Trainer)"
+                f"test on one process, not {self.trainer.world_size}: every test window is evaluated once "
+                "and exported from one process (train.py tests a multi-process fit with a one-device Trainer)"
             )
         self._test_chunks = []
         for baseline in self.baselines:
