@@ -15,13 +15,17 @@ import sys
 
 import numpy as np
 import pandas as pd
+import lightning as L
 import pytest
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from mlflow import MlflowClient
+from omegaconf import open_dict, read_write
 
 from conftest import REPO, TINY
 from tsformer.data.datamodule import EpochShuffle, EvalShard
-from tsformer.train import compose_config
+from tsformer.train import _refuse_ddp_launch_in_a_sweep, compose_config
 
 BATCH = 32  # one process's batch; 2 processes take BATCH // 2 each
 # float32 sums in another order (DDP's all-reduce of 2 half-batch mean gradients vs one batch mean),
@@ -152,8 +156,11 @@ def test_testing_on_several_processes_is_refused(tmp_path):
 
 def test_a_sweep_refuses_to_launch_ddp_processes_itself(tmp_path):
     # Lightning's launcher would re-run the whole `-m` command line in every other process
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", *TINY, "trainer=ddp", "hydra.sweep.dir=sweep"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert "in a sweep (-m): Lightning would start each other process" in proc.stderr
-    assert "Starting with 2 processes" not in proc.stderr + proc.stdout
+    compose_config(TINY, tmp_path)  # Hydra's config as `python train.py` has it, then as under -m
+    ddp = L.Trainer(strategy="ddp", devices=2, accelerator="cpu", logger=False)  # launches at fit only
+    _refuse_ddp_launch_in_a_sweep(ddp)  # a single run: fine
+    with read_write(HydraConfig.get()), open_dict(HydraConfig.get()):
+        HydraConfig.get().mode = RunMode.MULTIRUN
+    with pytest.raises(ValueError, match=r"2 processes in a sweep \(-m\): Lightning would start each other"):
+        _refuse_ddp_launch_in_a_sweep(ddp)
+    _refuse_ddp_launch_in_a_sweep(L.Trainer(devices=1, accelerator="cpu", logger=False))  # one process: fine
