@@ -60,8 +60,9 @@ def test_train_py_end_to_end(family, in_tmp):
     assert "test/mae_orig/dynamic_temperature" in run.data.metrics
     artifacts = {a.path for folder in ("", "plots", "forecasts", "scalers", "checkpoints", "config")
                  for a in client.list_artifacts(run.info.run_id, folder)}
-    for path in ["plots/test_windows.png", "plots/error_by_step.png", "forecasts/forecasts.csv",
-                 "scalers/target_scaler.joblib", "checkpoints/best.ckpt", "config/resolved.yaml"]:
+    for path in ["plots/test_windows.png", "plots/error_by_step.png", "plots/attention.png",
+                 "forecasts/forecasts.csv", "scalers/target_scaler.joblib", "checkpoints/best.ckpt",
+                 "config/resolved.yaml"]:
         assert path in artifacts, (path, artifacts)
 
     # the summary names the run and the CSV

@@ -1,13 +1,20 @@
-"""Figures logged with every run: forecasts against actuals, and error by horizon step."""
+"""Figures logged with every run: forecasts against actuals, error by horizon step, attention maps."""
 
 from __future__ import annotations
+
+import re
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed: figures go to files and MLflow
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import PowerNorm  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import default_collate  # noqa: E402
+
+LAYER_NAME = re.compile(r"(?P<stack>\w+)\.blocks\.(?P<index>\d+)\.(?P<kind>self|cross)_attn")
 
 
 def forecast_windows_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4):
@@ -55,3 +62,69 @@ def error_by_step_figure(model: pd.DataFrame, baseline: pd.DataFrame | None = No
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def attention_figure(task, datamodule, window: int | None = None):
+    """The attention maps of every layer and head while `task` forecasts one test window (default:
+    the middle one), as in evaluation (`WindowTask.attention_maps`); see `attention_maps_figure`.
+
+    With channel independence the network sees one series per target channel: the maps shown are
+    those of the first target's series.
+    """
+    dataset = datamodule.datasets["test"]
+    index = len(dataset) // 2 if window is None else int(window)
+    batch = {k: v.to(task.device) for k, v in default_collate([dataset[index]]).items()}
+    maps = {name: weights[0] for name, weights in task.attention_maps(batch).items()}  # (H, Tq, Tk) each
+    info = datamodule.window_info("test").iloc[index]
+    title = (
+        f"{task.family}: attention in test window {index} (series {info.series_id}, "
+        f"origin {pd.Timestamp(info.origin_time):%Y-%m-%d %H:%M})"
+    )
+    if task.options.channel_independent:
+        title += f"\nthe series of {task.target_names[0]} (channel-independent: one series per target)"
+    return attention_maps_figure(maps, title)
+
+
+def attention_maps_figure(maps: dict, title: str = ""):
+    """A grid of attention maps: one row per layer, one column per head.
+
+    maps: `{layer name: (H, Tq, Tk)}` weights, names as `WindowTask.attention_maps` gives them
+    (`encoder.blocks.0.self_attn`, `decoder.blocks.1.cross_attn`, ...). Rows of a map are queries,
+    columns keys (in cross-attention, the encoder's memory tokens). Each panel has its own colour
+    scale from 0, square-root (a causal map's first rows hold weights near 1, the later ones spread
+    thin), so that the structure of every row and of weak heads shows.
+    """
+    if not maps:
+        raise ValueError("no attention maps: the model has no attention layer that ran")
+    n_heads = max(w.shape[0] for w in maps.values())
+    fig, axes = plt.subplots(
+        len(maps), n_heads, figsize=(2.3 * n_heads + 0.5, 2.3 * len(maps) + 0.6), squeeze=False
+    )
+    for row, (name, weights) in enumerate(maps.items()):
+        weights = weights.detach().float().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)
+        label, keys = _layer_label(name)
+        for head in range(n_heads):
+            ax = axes[row, head]
+            if head >= weights.shape[0]:
+                ax.axis("off")
+                continue
+            norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(float(weights[head].max()), 1e-12))
+            ax.imshow(weights[head], norm=norm, cmap="viridis", aspect="auto", interpolation="nearest")
+            ax.set_title(f"{label} · head {head + 1}", fontsize=7)
+            ax.set_xlabel(keys, fontsize=6)
+            ax.set_ylabel("query token", fontsize=6)
+            ax.tick_params(labelsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _layer_label(name: str) -> tuple[str, str]:
+    """`decoder.blocks.1.cross_attn` -> ("decoder 2 cross", "memory token"): a short panel title and
+    what the keys are."""
+    match = LAYER_NAME.search(name)
+    if match is None:
+        return name, "key token"
+    label = f"{match['stack']} {int(match['index']) + 1} {match['kind']}"
+    return label, "memory token" if match["kind"] == "cross" else "key token"

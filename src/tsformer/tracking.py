@@ -112,7 +112,10 @@ def log_files(logger: MLFlowLogger, files: list[tuple[str, Path]]) -> None:
 
 
 def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
+    import matplotlib.pyplot as plt
+
     logger.experiment.log_figure(logger.run_id, fig, artifact_file)
+    plt.close(fig)  # logged: no need to keep it (pyplot keeps every open figure alive)
 
 
 def end_run(logger: MLFlowLogger, status: str) -> None:

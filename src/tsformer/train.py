@@ -10,6 +10,8 @@ them together in order:
    and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM, or
    FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
+With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
+process alone (`_one_process_for_test`).
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 import joblib
-import numpy as np
 import lightning as L
+import numpy as np
 import pandas as pd
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
 from tsformer.export import forecasts_frame, mae_by_step, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.plots import error_by_step_figure, forecast_windows_figure
+from tsformer.plots import attention_figure, error_by_step_figure, forecast_windows_figure
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +86,11 @@ class RunResult:
     fit_seconds: float
 
 
-def run(cfg: DictConfig) -> RunResult:
-    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names."""
+def run(cfg: DictConfig) -> RunResult | None:
+    """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names.
+
+    None in the processes other than the global-zero one of a multi-process fit (DDP).
+    """
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
     if resumed is not None:
         # The original run's config, output folder included (not Hydra's new one): the checkpoints
@@ -118,13 +126,21 @@ def run(cfg: DictConfig) -> RunResult:
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
                 if resumed is not None:
                     entry.run_id = resumed.run_id
-    loggers = _instantiate_group(cfg.get("logger"))
+    # Under DDP every process runs this function, and the loggers belong to the first one: the others
+    # would only race it creating the MLflow database (torchrun and srun start them all at once).
+    # rank_zero_only.rank is the rank the launcher gave (RANK, SLURM_PROCID or LOCAL_RANK).
+    loggers = _instantiate_group(cfg.get("logger")) if rank_zero_only.rank == 0 else []
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
     callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+    _refuse_ddp_launch_in_a_sweep(trainer)
+    # Only the global-zero process opens, fills and closes the MLflow run (the others stop after the
+    # fit); the Trainer knows the global rank also where the launcher gave a node-local one.
+    if not trainer.is_global_zero:
+        mlflow_logger = None
 
     with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"):
         try:
@@ -135,8 +151,12 @@ def run(cfg: DictConfig) -> RunResult:
             trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
             fit_seconds = time.perf_counter() - start
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+            score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
+            tester = _one_process_for_test(trainer, cfg, loggers)
+            if tester is None:
+                return None
+            tester.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
+            metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
             forecasts = baseline = csv_path = None
@@ -152,6 +172,7 @@ def run(cfg: DictConfig) -> RunResult:
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
                 _log_outputs(mlflow_logger, cfg, datamodule, outputs, csv_path, best, output_dir)
+                tracking.log_figure(mlflow_logger, attention_figure(task, datamodule), "plots/attention.png")
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -161,7 +182,6 @@ def run(cfg: DictConfig) -> RunResult:
             raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
-    score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
     return RunResult(
         metrics=metrics,
         n_test_windows=len(outputs["pred"]),
@@ -174,6 +194,44 @@ def run(cfg: DictConfig) -> RunResult:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
     )
+
+
+def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
+    """Lightning's DDP launcher starts the other processes by running the same command line again
+    with Hydra's run folder; under `-m` each of them starts the sweep again, in a sweep folder of its
+    own (facebookresearch/hydra#2070)."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    launches = environment is not None and not environment.creates_processes_externally
+    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if trainer.world_size > 1 and launches and in_sweep:
+        raise ValueError(
+            f"trainer.strategy={trainer.strategy.__class__.__name__} with {trainer.world_size} processes "
+            "in a sweep (-m): Lightning would start each other process by re-running the whole sweep. Run "
+            "the trials one by one (README, 'Several GPUs or machines')"
+        )
+
+
+def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) -> L.Trainer | None:
+    """The Trainer that tests the best checkpoint: `trainer` itself after a one-process fit.
+
+    After a multi-process fit (DDP) the test, the CSV, the model folder and the MLflow outputs
+    belong to the global-zero process alone, on one device: under DDP, Lightning's test loader would
+    repeat windows to even out the processes, and each process would hold the predictions of its
+    share only. The process group is closed in every process first (nothing after the fit is a
+    collective: the test metrics must not wait for processes that have left); the other processes
+    get None and end.
+    """
+    if trainer.world_size == 1:
+        return trainer
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if not trainer.is_global_zero:
+        return None
+    # the callbacks whose state the checkpoint holds (checkpointing, early stopping): idle in a test,
+    # and Lightning warns when a checkpoint's callbacks are missing
+    stateful = [c for c in trainer.callbacks if c.state_dict()]
+    one_device = {"strategy": "auto", "devices": 1, "num_nodes": 1}
+    return instantiate(cfg.trainer, **one_device, logger=loggers or False, callbacks=stateful)
 
 
 def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
@@ -249,7 +307,8 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
 def main(cfg: DictConfig) -> float | None:
     """Returns the best validation metric, which Hydra's sweepers optimise."""
     log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
-    return run(cfg).best_val
+    result = run(cfg)
+    return result.best_val if result is not None else None  # None: another process of a DDP fit
 
 
 if __name__ == "__main__":

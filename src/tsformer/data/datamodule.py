@@ -16,7 +16,9 @@ Data flow in `setup`:
 
 The train loader shuffles in an order drawn from (seed, epoch) (`EpochShuffle`: a resumed run sees the
 same orders). Validation and test loaders neither shuffle nor drop the last batch: every window is
-evaluated once.
+evaluated once. Under DDP (several processes) each process takes its share of that order
+(`EpochShuffle`, `EvalShard`): a step of P processes with batch b / P sees the windows that one
+process with batch b sees, and each val/test window is evaluated by exactly one process.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
 from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardScaler
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from tsformer.data.calendar import calendar_feature_names, calendar_features
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
@@ -57,24 +59,46 @@ def static_codes(values, vocabulary: list[str]) -> np.ndarray:
     return np.array([lookup.get(str(v), 0) for v in values], dtype=np.int64)
 
 
-class EpochShuffle(RandomSampler):
+class EpochShuffle(DistributedSampler):
     """The train windows in an order drawn from (seed, epoch) only, a new one each epoch.
 
     Lightning calls `set_epoch` before every epoch, so a run resumed at epoch k sees the same orders
-    as one that never stopped (a generator seeded once would start over). A `RandomSampler`, so that
-    under DDP Lightning swaps in its `DistributedSampler`, which is also seeded by (seed, epoch).
+    as one that never stopped (a generator seeded once would start over).
+
+    Under DDP, process `rank` of `num_replicas` takes every num_replicas-th window of that order
+    (padded at its end with its first windows, as Lightning's own DistributedSampler pads, so that
+    every process has as many batches): the batches of one step, all processes together, are the
+    batch one process with num_replicas times the batch size would see. A `DistributedSampler`, so
+    Lightning keeps it instead of swapping in its own (whose order would differ from one process's).
     """
 
-    def __init__(self, data_source, seed: int):
-        super().__init__(data_source)
-        self.seed, self.epoch = int(seed), 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def __init__(self, data_source, seed: int, num_replicas: int = 1, rank: int = 0):
+        super().__init__(data_source, num_replicas=num_replicas, rank=rank, shuffle=True, seed=int(seed))
 
     def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.data_source))
-        return iter(order.tolist())
+        n = len(self.dataset)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(n)  # (n,)
+        order = np.resize(order, self.total_size)  # padded by repeating from the start
+        return iter(order[self.rank :: self.num_replicas].tolist())
+
+
+class EvalShard(DistributedSampler):
+    """Validation/test windows under DDP: process `rank` takes windows rank, rank + P, ... in order.
+
+    Unlike Lightning's DistributedSampler (which repeats windows so that every process has as many),
+    each window is evaluated by exactly one process; the metrics (torchmetrics) are summed over the
+    processes, so every window counts once. Processes may then run one batch more or less than each
+    other, which is safe here: validation has no per-batch collective, only the metrics' sync at the
+    end of the epoch.
+    """
+
+    def __init__(self, dataset, num_replicas: int, rank: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.total_size = len(dataset)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
 
 
 def make_scaler(kind: str):
@@ -403,16 +427,28 @@ class TimeSeriesDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
         dataset = self.datasets[split]
+        replicas, rank = self._processes()
+        if shuffle:
+            sampler = EpochShuffle(dataset, self.seed, replicas, rank)
+        else:
+            sampler = EvalShard(dataset, replicas, rank) if replicas > 1 else None
         return DataLoader(
             dataset,
             batch_size=self.batch_size if split == "train" else self.eval_batch_size,
-            sampler=EpochShuffle(dataset, self.seed) if shuffle else None,
+            sampler=sampler,
             drop_last=False,  # every val/test window is evaluated
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             # the loader's own generator (worker seeds), not the global RNG that dropout draws from
             generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
         )
+
+    def _processes(self) -> tuple[int, int]:
+        """(processes, this one's rank) of the Trainer this module is attached to; (1, 0) without one."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -178,3 +178,40 @@ def record_attention(model: nn.Module):
     finally:
         for m in layers:
             m.record_weights = False
+
+
+@contextlib.contextmanager
+def collect_attention(model: nn.Module):
+    """Within this context every call of every attention layer of `model` appends its weights.
+
+    Yields `{layer name: [weights of each call (B, H, Tq, Tk)]}`, the names as in
+    `model.named_modules()` (e.g. `decoder.blocks.0.cross_attn`). One forward pass makes one call per
+    layer; autoregressive decoding with a KV cache makes one call per step (see `stack_query_rows`).
+    Like `record_attention`, it runs the reference path, also where the layers are fused.
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    calls = {name: [] for name in layers}
+
+    def keep(name):
+        return lambda module, args, output: calls[name].append(module.last_weights)
+
+    hooks = [m.register_forward_hook(keep(name)) for name, m in layers.items()]
+    try:
+        with record_attention(model):
+            yield calls
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def stack_query_rows(calls: list[torch.Tensor]) -> torch.Tensor:
+    """The calls of one layer during cached decoding, as one map `(B, H, sum Tq, max Tk)`.
+
+    With a KV cache each call adds the queries of the new tokens, which see the keys cached so far:
+    a later call has more keys. Keys that did not exist yet at a call are keys its queries could not
+    see, weight 0, as under the causal mask; so the rows of a cached self-attention stack into the
+    same lower-triangular map as one causal pass over all tokens.
+    """
+    n_keys = max(w.shape[-1] for w in calls)
+    padded = [F.pad(w, (0, n_keys - w.shape[-1])) for w in calls]  # (B, H, Tq_i, n_keys) each
+    return torch.cat(padded, dim=-2)  # (B, H, sum Tq_i, n_keys)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
+from tsformer.nn.attention import collect_attention, stack_query_rows
 from tsformer.tasks.baselines import Persistence
 from tsformer.tasks.model_options import ModelOptions
 from tsformer.tasks.static import StaticCovariates
@@ -144,6 +145,21 @@ class WindowTask(L.LightningModule):
         net_batch, view = self.options.enter(self.static.append_to_known(batch))
         return view.to_batch_layout(self.predict_target(net_batch))
 
+    @torch.no_grad()
+    def attention_maps(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The attention weights of every layer while the model forecasts `batch` as evaluation does
+        (the autoregressive families generating step by step with the KV cache, whose per-step rows
+        are stacked: `stack_query_rows`): `{layer name: (B', H, Tq, Tk)}`, B' the batch as the
+        network sees it (B * Dy with channel independence: window-major, channel-minor)."""
+        was_training = self.training
+        self.eval()
+        try:
+            with collect_attention(self.net) as calls:
+                self.forecast(batch)
+        finally:
+            self.train(was_training)
+        return {name: stack_query_rows(weights) for name, weights in calls.items() if weights}
+
     def loss(self, batch: dict) -> torch.Tensor:
         return self.training_loss(self.static.append_to_known(batch))
 
@@ -200,18 +216,25 @@ class WindowTask(L.LightningModule):
                 f"lower the learning rate (model.lr={self.hparams.lr}) or check the data for extreme values"
             )
         B = batch["hist_target"].shape[0]
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=B)  # per epoch, to MLflow
+        # per epoch, to MLflow; under DDP the mean over the processes (sync_dist: a no-op in one process)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=B, sync_dist=True)
         self.log("loss", loss, prog_bar=True, logger=False, batch_size=B)  # running value in the bar
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
-        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B)
+        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
         valid = self.target_valid(batch)  # (B, T_out)
         self.val_metrics.update(self.forecast(batch)[valid].flatten(), self.true_target(batch)[valid].flatten())
         self.log_dict(self.val_metrics, batch_size=B)
 
     def on_test_start(self) -> None:
+        if self.trainer.world_size > 1:
+            # each process would hold the predictions of its own share of the windows only
+            raise RuntimeError(
+                f"test on one process, not {self.trainer.world_size}: every test window is evaluated once "
+                "and exported from one process (train.py tests a multi-process fit with a one-device Trainer)"
+            )
         self._test_chunks = []
         for baseline in self.baselines:
             baseline.fit(self.trainer.datamodule)
