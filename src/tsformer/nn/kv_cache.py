@@ -38,6 +38,12 @@ class SelfAttentionCache:
         self.length = end
         return self._k[:, :, :end], self._v[:, :, :end]
 
+    def repeat_interleave(self, n: int) -> None:
+        """Each sequence's cache becomes n copies, rows b * n .. b * n + n - 1 (sampled paths sharing a prefix)."""
+        if self._k is not None:
+            self._k = self._k.repeat_interleave(n, dim=0)  # (B * n, H, max_len, Dh)
+            self._v = self._v.repeat_interleave(n, dim=0)
+
 
 class CrossAttentionCache:
     def __init__(self):
@@ -51,6 +57,11 @@ class CrossAttentionCache:
     def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v = k, v
 
+    def repeat_interleave(self, n: int) -> None:
+        if self.k is not None:
+            self.k = self.k.repeat_interleave(n, dim=0)  # (B * n, H, L, Dh)
+            self.v = self.v.repeat_interleave(n, dim=0)
+
 
 class KVCache:
     """Caches of every layer of a decoder stack."""
@@ -63,6 +74,12 @@ class KVCache:
     def length(self) -> int:
         """Number of positions already in the cache = position of the next token."""
         return self.self_attn[0].length
+
+    def repeat_interleave(self, n: int) -> None:
+        """n copies of every sequence's cache, in the order of `Tensor.repeat_interleave(n, dim=0)`:
+        the paths sampled from one window continue from the K/V of its history, computed once."""
+        for cache in [*self.self_attn, *(self.cross_attn or [])]:
+            cache.repeat_interleave(n)
 
     def layer(self, i: int) -> tuple[SelfAttentionCache, CrossAttentionCache | None]:
         return self.self_attn[i], (self.cross_attn[i] if self.cross_attn is not None else None)
