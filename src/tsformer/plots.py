@@ -1,4 +1,5 @@
-"""Figures logged with every run: forecasts against actuals, and error by horizon step."""
+"""Figures logged with every run: forecasts against actuals, and error by horizon step; with a
+distribution head also a fan chart (median, 50% and 80% bands)."""
 
 from __future__ import annotations
 
@@ -53,5 +54,41 @@ def error_by_step_figure(forecasts: pd.DataFrame, baseline: pd.DataFrame | None 
     ax.set_ylabel("MAE (original units)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def fan_chart_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4):
+    """Probabilistic forecasts of a few test windows: the median, the central 50% and 80% bands
+    (columns q0.25-q0.75 and q0.1-q0.9 of `forecasts`), the actuals and the context before the origin.
+
+    forecasts: the export frame with those quantile columns (original units); history as for
+    `forecast_windows_figure`.
+    """
+    needed = ["q0.1", "q0.25", "q0.5", "q0.75", "q0.9"]
+    missing = [c for c in needed if c not in forecasts.columns]
+    if missing:
+        raise ValueError(f"a fan chart needs the quantile columns {needed}; missing {missing}")
+    variables = list(dict.fromkeys(forecasts["variable"]))
+    origins = forecasts[["series_id", "origin_time"]].drop_duplicates().reset_index(drop=True)
+    picks = origins.iloc[np.linspace(0, len(origins) - 1, min(n_windows, len(origins))).round().astype(int)]
+    fig, axes = plt.subplots(len(picks), len(variables), figsize=(5 * len(variables), 2.6 * len(picks)), squeeze=False)
+    for row, (_, origin) in enumerate(picks.iterrows()):
+        window = forecasts[(forecasts.series_id == origin.series_id) & (forecasts.origin_time == origin.origin_time)]
+        span = window.target_time.max() - window.target_time.min()
+        for col, var in enumerate(variables):
+            ax = axes[row, col]
+            w = window[window.variable == var]
+            series = history[history.series_id == origin.series_id]
+            context = series[(series.time <= origin.origin_time) & (series.time >= origin.origin_time - span)]
+            ax.plot(context.time, context[var], color="0.6", lw=1, label="context")
+            ax.fill_between(w.target_time, w["q0.1"], w["q0.9"], color="tab:blue", alpha=0.2, lw=0, label="80%")
+            ax.fill_between(w.target_time, w["q0.25"], w["q0.75"], color="tab:blue", alpha=0.35, lw=0, label="50%")
+            ax.plot(w.target_time, w["q0.5"], color="tab:blue", lw=1.2, label="median")
+            ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="actual")
+            ax.set_title(f"series {origin.series_id} · {var} · origin {pd.Timestamp(origin.origin_time):%Y-%m-%d %H:%M}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

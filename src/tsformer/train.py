@@ -31,9 +31,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
-from tsformer.export import forecasts_frame, write_csv
+from tsformer.export import forecasts_frame, select_levels, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.plots import error_by_step_figure, forecast_windows_figure
+from tsformer.plots import error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,9 @@ def run(cfg: DictConfig) -> RunResult:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
 
             outputs = task.test_outputs
-            forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
+            forecasts = forecasts_frame(
+                datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, task.head.levels)
+            )
             csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
             baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
             run_id = mlflow_logger.run_id if mlflow_logger is not None else None
@@ -148,6 +151,8 @@ def run(cfg: DictConfig) -> RunResult:
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
                 _log_outputs(mlflow_logger, cfg, datamodule, forecasts, baseline, csv_path, best, output_dir)
+                if task.head.probabilistic:
+                    _log_fan_chart(mlflow_logger, cfg, datamodule, task)
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -200,15 +205,34 @@ def _log_outputs(logger, cfg, datamodule, forecasts, baseline, csv_path, best_ck
         files.append(("checkpoints", Path(best_ckpt)))
     tracking.log_files(logger, files)
 
-    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
-    if datamodule.schema.series_col:
-        history = history.rename(columns={datamodule.schema.series_col: "series_id"})
-    else:
-        history = history.assign(series_id=0)
-    fig = forecast_windows_figure(forecasts, history, cfg.n_plot_windows)
+    fig = forecast_windows_figure(forecasts, _history(datamodule), cfg.n_plot_windows)
     tracking.log_figure(logger, fig, "plots/test_windows.png")
     fig = error_by_step_figure(forecasts, baseline)
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
+
+
+def _quantiles(task, levels: list[float]) -> tuple:
+    """(quantiles `(W, T, Dy, K)` of the test windows at `levels`, scaled; levels), or (None, None)
+    for a point head: the extra arguments of `forecasts_frame`."""
+    if not task.head.probabilistic:
+        return None, None
+    return select_levels(task.test_outputs["quantiles"], task.report_levels, levels), levels
+
+
+def _log_fan_chart(logger, cfg, datamodule, task) -> None:
+    """The fan chart (median, 50% and 80% bands, actuals) of a few test windows: plots/fan_chart.png."""
+    outputs = task.test_outputs
+    bands = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, BAND_LEVELS))
+    fig = fan_chart_figure(bands, _history(datamodule), cfg.n_plot_windows)
+    tracking.log_figure(logger, fig, "plots/fan_chart.png")
+
+
+def _history(datamodule) -> pd.DataFrame:
+    """The validated data with the columns `series_id`, `time` and the targets, for the figures."""
+    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
+    if datamodule.schema.series_col:
+        return history.rename(columns={datamodule.schema.series_col: "series_id"})
+    return history.assign(series_id=0)
 
 
 def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:
@@ -216,6 +240,7 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
     where the CSV is, and how to forecast with the model."""
     names = ["mse", "mae", "mae_orig", "rmse_orig"]
     names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
+    names += [n for n in ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig") if f"test/{n}" in metrics]
     width = max(len(n) for n in names) + 2
     columns = ["model", *baselines]
     lines = ["", "=" * 72]
