@@ -17,8 +17,8 @@ the same result (tested); the cache makes a step cost O(t) instead of O(t^2).
 With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per channel
 and `generate` is given `draw`, which turns a step's output into the value fed back: the point value
 for a deterministic rollout, a random draw for sampled trajectories. `num_samples` paths per window
-run as one batch of B * S sequences; the history is run once per window and its K/V cache copied
-to the window's S paths (`KVCache.repeat_interleave`).
+run as one batch of B * S sequences; the history is run once per window and its K/V cache is
+shared by the window's S paths, never copied (`KVCache.share`).
 """
 
 from __future__ import annotations
@@ -122,14 +122,14 @@ class DecoderOnly(nn.Module):
 
         cache = KVCache(len(self.decoder.blocks), max_len=n_tokens) if use_cache else None
         # Prefill: tokens for steps 1..N carry the observed targets 0..N-1; the last one predicts step N.
-        # It is the same for every path of a window: run once, then copied to the S paths.
+        # It is the same for every path of a window: run once, its K/V then shared by the S paths.
         out = self(hist_target, known[:, 1 : N + 1], cache=cache)[:, -1:]  # (B, 1, Dy * P)
         target_prev = hist_target  # (B, N, Dy), grown step by step without the cache
         if num_samples > 1:
             S = num_samples
             out, known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, known, target_prev))  # (B * S, ...)
             if cache is not None:
-                cache.repeat_interleave(S)
+                cache.share(S)
         next_value = draw(out)  # (B * S, 1, Dy)
         values = [next_value]
         for m in range(1, M):

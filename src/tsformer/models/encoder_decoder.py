@@ -22,8 +22,8 @@ The decoder still has one token per future step (it generates step by step).
 With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per target
 channel and `generate` takes `draw` (a step's output -> the value fed back) and `num_samples`: the
 memory and the first decoder step are computed once per window, then the decoder's cache (its
-self-attention K/V and the memory's cross-attention K/V) is copied to the window's S paths, which
-run on as one batch of B * S sequences.
+self-attention K/V and the memory's cross-attention K/V) is shared by the window's S paths
+(`KVCache.share`: kept once, not copied), which run on as one batch of B * S sequences.
 """
 
 from __future__ import annotations
@@ -188,12 +188,14 @@ class EncoderDecoder(nn.Module):
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
         target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
         out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[:, -1:]  # (B, 1, Dy * P)
-        if num_samples > 1:  # the first step is the same for every path of a window: computed once, then copied
+        if num_samples > 1:  # the first step is the same for every path of a window: computed once
             S = num_samples
-            out, fut_known, memory, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, fut_known, memory, target_prev))
-            hist_valid = hist_valid.repeat_interleave(S, dim=0) if hist_valid is not None else None
+            out, fut_known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev))
             if cache is not None:
-                cache.repeat_interleave(S)
+                cache.share(S)  # memory and hist_valid stay (B, ...): the shared cross-attention K/V are the memory's
+            else:  # the reference path re-reads the memory at every step: one copy per path
+                memory = memory.repeat_interleave(S, dim=0)
+                hist_valid = hist_valid.repeat_interleave(S, dim=0) if hist_valid is not None else None
         next_value = draw(out)  # (B * S, 1, Dy)
         values = [next_value]
         for m in range(1, M):
