@@ -128,6 +128,19 @@ def test_sampled_quantiles_match_the_head_quantiles(head):
         assert np.allclose(expected.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_quantile_head_tails_extend_beyond_its_levels():
+    """Beyond its outermost levels the exponential tails go on, close to a Normal's when the knots
+    are a Normal's quantiles (a tail clamped at the outer knots would miss by 0.4 sd at 0.02)."""
+    head = QuantileHead()  # levels 0.05 ... 0.95
+    params = true_params(head)  # (1, 2, K): N(1.5, 0.7) and N(-2, 2)
+    outside = [0.005, 0.02, 0.98, 0.995]
+    q = head.quantiles(params, outside)[0]  # (2, 4)
+    ref = torch.tensor(stats.norm.ppf(outside, [[1.5], [-2.0]], [[0.7], [2.0]]), dtype=q.dtype)
+    sd = torch.tensor([[0.7], [2.0]])
+    assert ((q - ref).abs() / sd).max() < 0.25, (q, ref)
+    assert (q[:, 0] < params[0, :, 0]).all() and (q[:, -1] > params[0, :, -1]).all()
+
+
 def test_quantile_head_passes_through_its_knots_and_its_mean_is_the_sample_mean():
     torch.manual_seed(0)
     head = QuantileHead(quantile_levels=[0.1, 0.3, 0.5, 0.9], point="mean")
