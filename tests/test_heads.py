@@ -208,3 +208,12 @@ def test_build_head_names_the_setting_at_fault():
     with pytest.raises(ValueError, match="loss"):
         build_head(None, loss="l3")
     assert isinstance(build_head(None), PointHead)
+
+
+def test_empirical_quantiles_of_paths_are_torch_quantile():
+    torch.manual_seed(0)
+    samples = torch.randn(3, 37, 4, 2)  # (B, S, T, D)
+    levels = [0.0, 0.1, 0.333, 0.5, 0.9, 1.0]
+    expected = torch.quantile(samples, torch.tensor(levels), dim=1).movedim(0, -1)  # (B, T, D, K)
+    assert torch.allclose(SampleForecast(samples).quantiles(levels), expected, atol=1e-6)
+    assert torch.allclose(SampleForecast(samples, "median").point(), samples.median(dim=1).values)

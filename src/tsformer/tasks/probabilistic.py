@@ -3,8 +3,9 @@
 Two kinds of forecast, both in the data's scaled units and the batch layout `(B, T, Dy)`:
 - `SampleForecast`: S sampled trajectories per window `(B, S, T, Dy)`, from the autoregressive
   families (each step drawn from the predicted distribution and fed back). Its quantiles are the
-  empirical quantiles of the paths at each step (linear interpolation, `torch.quantile`) and its
-  point value their mean or median (`model.head.point`).
+  empirical quantiles of the paths at each step (linear interpolation between order statistics, as
+  `torch.quantile`'s default, which refuses tensors of more than 2^24 elements) and its point value
+  their mean or median (`model.head.point`).
 - `QuantileFunctionForecast`: a marginal distribution per step given by its quantile function, from
   the encoder-only families (the head's parameters) and from the probabilistic baseline (empirical
   error quantiles). Its quantiles are exact; no sampling.
@@ -42,15 +43,27 @@ def crps_from_quantiles(q: torch.Tensor, y: torch.Tensor, levels=CRPS_GRID) -> t
     return 2.0 * pinball(q, y, levels)
 
 
-def crps_from_samples(samples: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def empirical_quantiles(ordered: torch.Tensor, levels) -> torch.Tensor:
+    """Quantiles of samples sorted along dim 1, `(B, S, T, D)` -> `(B, T, D, K)`: at level u, the
+    order statistics around position u (S - 1), linearly interpolated."""
+    S = ordered.shape[1]
+    pos = ordered.new_tensor(list(levels)) * (S - 1)  # (K,)
+    lo = pos.floor().long().clamp(0, S - 1)
+    hi = (lo + 1).clamp(max=S - 1)
+    frac = (pos - lo).view(1, -1, 1, 1)  # (1, K, 1, 1)
+    q = ordered[:, lo] + frac * (ordered[:, hi] - ordered[:, lo])  # (B, K, T, D)
+    return q.movedim(1, -1)  # (B, T, D, K)
+
+
+def crps_from_samples(samples: torch.Tensor, y: torch.Tensor, ordered: torch.Tensor | None = None) -> torch.Tensor:
     """Fair CRPS of samples `(B, S, T, D)` for the truth `(B, T, D)` -> `(B, T, D)`.
 
     E|X - X'| over distinct pairs from the sorted samples: sum_{i<j} (x_j - x_i) = sum_i (2i - S + 1) x_(i)
-    (0-based i), so the cost is a sort, not S^2 differences.
+    (0-based i), so the cost is a sort, not S^2 differences (`ordered`: the samples sorted along dim 1).
     """
     S = samples.shape[1]
     spread_to_truth = (samples - y.unsqueeze(1)).abs().mean(dim=1)  # (B, T, D)
-    ordered = samples.sort(dim=1).values
+    ordered = samples.sort(dim=1).values if ordered is None else ordered
     weights = (2 * torch.arange(S, device=samples.device, dtype=samples.dtype) - S + 1).view(1, S, 1, 1)
     pair_sum = (weights * ordered).sum(dim=1)  # sum over pairs i < j of |x_i - x_j|
     return spread_to_truth - pair_sum / (S * (S - 1))
@@ -76,17 +89,26 @@ class SampleForecast(Forecast):
     samples: torch.Tensor  # (B, S, T, Dy)
     point_kind: str = "mean"
 
+    def __post_init__(self):
+        self._ordered = None
+
+    @property
+    def ordered(self) -> torch.Tensor:
+        """The samples sorted along the paths, once (quantiles and CRPS both read them)."""
+        if self._ordered is None:
+            self._ordered = self.samples.sort(dim=1).values
+        return self._ordered
+
     def point(self):
         if self.point_kind == "median":
             return self.quantiles([0.5])[..., 0]  # interpolated between the middle paths for even S
         return self.samples.mean(dim=1)
 
     def quantiles(self, levels):
-        q = torch.quantile(self.samples, self.samples.new_tensor(list(levels)), dim=1)  # (K, B, T, Dy)
-        return q.movedim(0, -1)  # (B, T, Dy, K)
+        return empirical_quantiles(self.ordered, levels)  # (B, T, Dy, K)
 
     def crps(self, y):
-        return crps_from_samples(self.samples, y)
+        return crps_from_samples(self.samples, y, self.ordered)
 
 
 @dataclass
