@@ -13,7 +13,12 @@ from tsformer.models import DecoderOnly, DecoderOnlyConfig, EncoderDecoder, Enco
 from tsformer.nn.attention import scaled_dot_product_attention, shared_prefix_attention
 from tsformer.nn.heads import GaussianHead, PointHead, QuantileHead, StudentTHead
 from tsformer.nn.masks import lengths_to_valid, padding_mask
-from tsformer.tasks import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster, ReconstructionTask
+from tsformer.tasks import (
+    DecoderOnlyForecaster,
+    EncoderDecoderForecaster,
+    EncoderForecaster,
+    ReconstructionTask,
+)
 from tsformer.tasks.probabilistic import SampleForecast
 
 TINY = dict(d_model=32, n_heads=4, n_layers=2, max_len=64)

@@ -23,8 +23,8 @@ shared by the window's S paths, never copied (`KVCache.share`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

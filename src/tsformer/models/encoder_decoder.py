@@ -28,8 +28,8 @@ self-attention K/V and the memory's cross-attention K/V) is shared by the window
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

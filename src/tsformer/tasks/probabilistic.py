@@ -21,8 +21,8 @@ Scores (per element, then averaged over the valid steps by the task):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
