@@ -72,10 +72,11 @@ def coherence(model_folder: Path, overrides: list[str], output_dir: Path, seed: 
     paths = np.concatenate(sampled)  # (W, S, M)
     truth = np.concatenate(real)  # (W, M)
     rng = np.random.default_rng(seed)
-    shuffled = paths.copy()
-    for m in range(paths.shape[2]):  # per window and step, the S values in a random order
-        shuffled[:, :, m] = np.take_along_axis(paths[:, :, m], rng.permuted(np.tile(np.arange(paths.shape[1]), (paths.shape[0], 1)), axis=1), axis=1)
     W, S, M = paths.shape
+    shuffled = paths.copy()
+    for m in range(M):  # per window and step, the S values in a random order: same marginals, no joint
+        order = rng.permuted(np.tile(np.arange(S), (W, 1)), axis=1)  # (W, S)
+        shuffled[:, :, m] = np.take_along_axis(paths[:, :, m], order, axis=1)
     return {
         "windows": W,
         "paths": S,
