@@ -49,6 +49,25 @@ def test_groups_have_the_options_the_docs_name():
     assert {"default", "cpu", "gpu", "ddp"} <= set(options("trainer"))
     assert {"mlflow", "csv", "none"} <= set(options("logger"))
     assert {"state_reconstruction", "wind_power", "sensor_30_70"} <= set(options("experiment"))
+    assert {"point", "gaussian", "student_t", "quantile"} <= set(options("head"))
+
+
+@pytest.mark.parametrize("head", options("head"))
+@pytest.mark.parametrize("model", options("model"))
+def test_each_head_with_each_model(model, head, in_tmp):
+    """`python train.py model=<family> head=<head>` builds, and forecasts quantiles of a test batch."""
+    overrides = [f"model={model}", f"head={head}", "++model.head.num_samples=4", "data.eval_batch_size=8"]
+    cfg = compose_small(overrides, in_tmp / "out")
+    dm, task = build(cfg)
+    assert task.hparams.head["kind"] == head  # in the hyperparameters: checkpoints and model folders rebuild it
+    batch = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        point, quantiles = task.eval().forecast_with_quantiles(batch, [0.1, 0.5, 0.9])
+    assert point.shape == task.true_target(batch).shape
+    if head == "point":
+        assert quantiles is None
+    else:
+        assert quantiles.shape == (*point.shape, 3) and (quantiles.diff(dim=-1) >= 0).all()
 
 
 @pytest.mark.parametrize("model", options("model"))

@@ -4,6 +4,11 @@ Columns: `series_id, origin_time, target_time, step, variable, y_true, y_pred`, 
 (series, forecast origin, step, target variable). For forecasts `origin_time` is the last observed
 step and `step` = 1..M; for state reconstruction `origin_time` is the window start and `step` =
 0..N-1 the position in the window. In both, target_time = origin_time + step * freq.
+
+With a distribution head (`model.head`) the CSV gains one column per configured quantile level,
+`q0.1, q0.5, q0.9` by default (`model.head.levels`), in original units; `y_pred` stays the point
+forecast (the mean or the median, `model.head.point`). The scalers are positive affine maps per
+variable, so scaled quantiles map to original units one for one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tsformer.nn.heads import level_name
+
 COLUMNS = ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
 
 
@@ -23,10 +30,13 @@ def forecasts_frame(
     pred_scaled: np.ndarray,
     true_scaled: np.ndarray,
     valid: np.ndarray | None = None,
+    quantiles_scaled: np.ndarray | None = None,
+    levels: list[float] | None = None,
     windows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset; `valid`
-    `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty.
+    `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty;
+    `quantiles_scaled` `(W, T_out, Dy, K)` at `levels`: the columns `q<level>`.
     `windows`: indices of the windows to keep (e.g. the few a figure shows); None: all of them."""
     info = datamodule.window_info(split)  # one row per window: series_id, origin_time
     target_times = datamodule.target_times(split)  # (W, T_out)
@@ -37,6 +47,7 @@ def forecasts_frame(
         info, target_times = info.iloc[windows].reset_index(drop=True), target_times[windows]
         pred_scaled, true_scaled = pred_scaled[windows], true_scaled[windows]
         valid = None if valid is None else np.asarray(valid)[windows]
+        quantiles_scaled = None if quantiles_scaled is None else quantiles_scaled[windows]
         W = len(info)
     pred = datamodule.inverse_transform_target(pred_scaled)  # (W, T, Dy) original units
     true = datamodule.inverse_transform_target(true_scaled)
@@ -46,7 +57,7 @@ def forecasts_frame(
     # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
     w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")
     w_idx, t_idx, v_idx = w_idx.ravel(), t_idx.ravel(), v_idx.ravel()
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         {
             "series_id": info["series_id"].to_numpy()[w_idx],
             "origin_time": info["origin_time"].to_numpy()[w_idx],
@@ -58,6 +69,23 @@ def forecasts_frame(
         },
         columns=COLUMNS,
     )
+    if quantiles_scaled is not None:
+        q = datamodule.inverse_transform_target(np.moveaxis(quantiles_scaled, -1, -2))  # (W, T, K, Dy) original
+        frame = with_quantile_columns(frame, np.moveaxis(q, -2, -1), levels)
+    return frame
+
+
+def with_quantile_columns(frame: pd.DataFrame, quantiles: np.ndarray, levels: list[float]) -> pd.DataFrame:
+    """`frame` (rows window -> step -> variable) with the columns `q<level>` of `quantiles (W, T, Dy, K)`."""
+    if quantiles.shape[-1] != len(levels):
+        raise ValueError(f"{quantiles.shape[-1]} quantiles per step for the levels {levels}")
+    flat = quantiles.reshape(-1, len(levels))  # rows in the frame's order
+    return frame.assign(**{level_name(level): flat[:, k] for k, level in enumerate(levels)})
+
+
+def select_levels(quantiles: np.ndarray, have: list[float], want: list[float]) -> np.ndarray:
+    """The `want` levels out of quantiles `(..., K)` computed at the levels `have`."""
+    return quantiles[..., [list(have).index(level) for level in want]]
 
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:

@@ -13,8 +13,9 @@ data: per series the observed history and, after it, rows for the future steps w
 empty and whose known-future covariates are filled in (e.g. the weather forecast). The forecast origin
 of a series is its last row with every target observed (or `origin=` for all series); the model sees
 only the `context_len` rows up to the origin and the known covariates of the `horizon` rows after it.
-The result has the columns of training's forecasts CSV (`export.COLUMNS`); `y_true` holds the file's
-target values at the forecast times when there are any (backtesting), else NaN.
+The result has the columns of training's forecasts CSV (`export.COLUMNS`, and `q<level>` for each of
+`model.head.levels` with a distribution head); `y_true` holds the file's target values at the
+forecast times when there are any (backtesting), else NaN.
 
 Reconstruction models (horizon 0) rebuild the targets of every row from the inputs of its window:
 windows tile each gap-free run of rows; the last one is aligned to the run's end.
@@ -38,7 +39,7 @@ from tsformer.data.datamodule import static_codes
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.gaps import fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
-from tsformer.export import COLUMNS
+from tsformer.export import COLUMNS, with_quantile_columns
 
 log = logging.getLogger(__name__)
 
@@ -219,12 +220,16 @@ class Forecaster:
             else:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
         batch, times = self._batch(clean, windows)
+        levels = self.task.head.levels
         with torch.inference_mode():
-            pred = torch.cat(
-                [self.task.forecast(_slice(batch, i, i + 256)) for i in range(0, len(windows), 256)]
-            )  # (W, T_out, Dy) scaled
-        pred = c.target_scaler.inverse(pred.double().numpy())
-        return self._frame(clean, windows, times, pred)
+            parts = [self.task.forecast_with_quantiles(_slice(batch, i, i + 256), levels) for i in range(0, len(windows), 256)]
+        pred = c.target_scaler.inverse(torch.cat([p for p, _ in parts]).double().numpy())  # (W, T_out, Dy)
+        frame = self._frame(clean, windows, times, pred)
+        if parts[0][1] is None:  # a point head
+            return frame
+        q = torch.cat([q for _, q in parts]).double().numpy()  # (W, T_out, Dy, K) scaled
+        q = np.moveaxis(c.target_scaler.inverse(np.moveaxis(q, -1, -2)), -2, -1)  # original units (positive scale)
+        return with_quantile_columns(frame, q[self._kept(windows, pred.shape[1])], levels)
 
     def _validate(self, table: pd.DataFrame, source: str) -> pd.DataFrame:
         c = self.contract
@@ -395,6 +400,16 @@ class Forecaster:
             batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))
         return batch, times
 
+    def _kept(self, windows, T: int) -> np.ndarray:
+        """`(W, T)` bool: the (window, step) cells written out. Reconstruction's overlapping tail
+        windows give each row once, from the window that reached it first."""
+        c = self.contract
+        keep = np.ones((len(windows), T), dtype=bool)
+        if c.horizon == 0:
+            target_rows = np.array([w[1] for w in windows])[:, None] + np.arange(T)  # (W, T)
+            keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(len(windows), T)
+        return keep
+
     def _frame(self, clean, windows, times: np.ndarray, pred: np.ndarray) -> pd.DataFrame:
         """Rows as in training's CSV: window -> step -> variable."""
         c = self.contract
@@ -404,9 +419,7 @@ class Forecaster:
         target_rows = np.array([w[1] for w in windows])[:, None] + first + np.arange(T)  # (W, T)
         truth = clean[c.target_cols].to_numpy(np.float64)[target_rows]  # (W, T, Dy), NaN where empty
         truth[clean["_filled"].to_numpy()[target_rows]] = np.nan  # filled in for a gap: not a measurement
-        keep = np.ones((W, T), dtype=bool)
-        if m == 0:  # overlapping tail windows: each row once, from the window that reached it first
-            keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(W, T)
+        keep = self._kept(windows, T)
         origin_pos = np.array([w[2] for w in windows])
         sids = np.array([w[0] for w in windows])
         w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")

@@ -37,9 +37,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
-from tsformer.export import forecasts_frame, mae_by_step, write_csv
+from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.plots import attention_figure, error_by_step_figure, forecast_windows_figure
+from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,9 @@ def run(cfg: DictConfig) -> RunResult | None:
             outputs = task.test_outputs
             forecasts = baseline = csv_path = None
             if cfg.forecasts_file:
-                forecasts = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"])
+                forecasts = forecasts_frame(
+                    datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, task.head.levels)
+                )
                 csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
                 baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
             run_id = mlflow_logger.run_id if mlflow_logger is not None else None
@@ -173,6 +176,8 @@ def run(cfg: DictConfig) -> RunResult | None:
             if mlflow_logger is not None:
                 _log_outputs(mlflow_logger, cfg, datamodule, outputs, csv_path, best, output_dir)
                 tracking.log_figure(mlflow_logger, attention_figure(task, datamodule), "plots/attention.png")
+                if task.head.probabilistic:
+                    _log_fan_chart(mlflow_logger, cfg, datamodule, task)
                 registry_name = (cfg.get("model_registry") or {}).get("name")
                 tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
                 tracking.end_run(mlflow_logger, "FINISHED")
@@ -265,15 +270,9 @@ def _log_outputs(logger, cfg, datamodule, outputs: dict, csv_path: Path | None, 
         files.append(("checkpoints", Path(best_ckpt)))
     tracking.log_files(logger, files)
 
-    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
-    if datamodule.schema.series_col:
-        history = history.rename(columns={datamodule.schema.series_col: "series_id"})
-    else:
-        history = history.assign(series_id=0)
-    n_windows = len(outputs["pred"])
-    shown = np.linspace(0, n_windows - 1, min(cfg.n_plot_windows, n_windows)).round().astype(int)  # spread over the test period
+    shown = _plot_windows(len(outputs["pred"]), cfg.n_plot_windows)
     windows = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], windows=shown)
-    fig = forecast_windows_figure(windows, history, cfg.n_plot_windows)
+    fig = forecast_windows_figure(windows, _history(datamodule), cfg.n_plot_windows)
     tracking.log_figure(logger, fig, "plots/test_windows.png")
     model_mae = mae_by_step(datamodule, outputs["pred"], outputs["true"], outputs["valid"])
     baseline_mae = mae_by_step(datamodule, outputs["baseline"], outputs["true"], outputs["valid"])
@@ -281,11 +280,44 @@ def _log_outputs(logger, cfg, datamodule, outputs: dict, csv_path: Path | None, 
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
 
 
+def _quantiles(task, levels: list[float]) -> tuple:
+    """(quantiles `(W, T, Dy, K)` of the test windows at `levels`, scaled; levels), or (None, None)
+    for a point head: the extra arguments of `forecasts_frame`."""
+    if not task.head.probabilistic:
+        return None, None
+    return select_levels(task.test_outputs["quantiles"], task.report_levels, levels), levels
+
+
+def _log_fan_chart(logger, cfg, datamodule, task) -> None:
+    """The fan chart (median, 50% and 80% bands, actuals) of a few test windows: plots/fan_chart.png."""
+    outputs = task.test_outputs
+    shown = _plot_windows(len(outputs["pred"]), cfg.n_plot_windows)
+    bands = forecasts_frame(
+        datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, BAND_LEVELS), windows=shown
+    )
+    fig = fan_chart_figure(bands, _history(datamodule), cfg.n_plot_windows)
+    tracking.log_figure(logger, fig, "plots/fan_chart.png")
+
+
+def _plot_windows(n_windows: int, n_plot: int) -> np.ndarray:
+    """Indices of the test windows the figures show: `n_plot` spread evenly over the test period."""
+    return np.linspace(0, n_windows - 1, min(n_plot, n_windows)).round().astype(int)
+
+
+def _history(datamodule) -> pd.DataFrame:
+    """The validated data with the columns `series_id`, `time` and the targets, for the figures."""
+    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
+    if datamodule.schema.series_col:
+        return history.rename(columns={datamodule.schema.series_col: "series_id"})
+    return history.assign(series_id=0)
+
+
 def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:
     """The run id, each test metric of the model beside the baselines' (`baseline` = the naive one),
     where the CSV is, and how to forecast with the model."""
     names = ["mse", "mae", "mae_orig", "rmse_orig"]
     names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
+    names += [n for n in ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig") if f"test/{n}" in metrics]
     width = max(len(n) for n in names) + 2
     columns = ["model", *baselines]
     lines = ["", "=" * 72]

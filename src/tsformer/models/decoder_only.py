@@ -13,10 +13,17 @@ previous targets, all trained in one pass under the causal mask (`teacher_forcin
 Inference (`generate`) feeds the model's own predictions back step by step. With the KV cache each
 new step projects only the new token; without it the whole sequence is re-run every step. Both give
 the same result (tested); the cache makes a step cost O(t) instead of O(t^2).
+
+With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per channel
+and `generate` is given `draw`, which turns a step's output into the value fed back: the point value
+for a deterministic rollout, a random draw for sampled trajectories. `num_samples` paths per window
+run as one batch of B * S sequences; the history is run once per window and its K/V cache is
+shared by the window's S paths, never copied (`KVCache.share`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +41,7 @@ from tsformer.nn.positional import build_positional
 class DecoderOnlyConfig(TransformerConfig):
     d_target: int = 1  # autoregressive channels: targets (and past-only covariates, if any)
     d_known: int = 0  # covariates known for the future
+    n_params: int = 1  # outputs per channel: 1 for a point forecast, the distribution's parameters otherwise
 
 
 class DecoderOnly(nn.Module):
@@ -44,7 +52,7 @@ class DecoderOnly(nn.Module):
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
         self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True, rope=rope)
-        self.head = nn.Linear(cfg.d_model, cfg.d_target)
+        self.head = nn.Linear(cfg.d_model, cfg.d_target * cfg.n_params)
 
     @staticmethod
     def teacher_forcing(target: torch.Tensor, known: torch.Tensor):
@@ -62,7 +70,7 @@ class DecoderOnly(nn.Module):
         valid: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` -> predictions `(B, T, Dy)`.
+        """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` -> predictions `(B, T, Dy * n_params)`.
 
         valid: `(B, T)` bool, True on real tokens (padding). cache: continue after the tokens
         already in the cache (their positions come first).
@@ -77,7 +85,7 @@ class DecoderOnly(nn.Module):
         h = self.dropout(self.positional(self.input_proj(tokens), positions))  # (B, T, d_model)
         mask = padding_mask(valid) if valid is not None else None
         h = self.decoder(h, mask=mask, positions=positions, cache=cache)
-        return self.head(h)  # (B, T, Dy)
+        return self.head(h)  # (B, T, Dy * n_params)
 
     @torch.no_grad()
     def generate(
@@ -87,13 +95,19 @@ class DecoderOnly(nn.Module):
         fut_known: torch.Tensor | None = None,
         horizon: int | None = None,
         use_cache: bool = True,
+        draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        num_samples: int = 1,
     ) -> torch.Tensor:
         """Roll out a forecast of M steps after a context of N observed steps.
 
         hist_target: `(B, N, Dy)` observed targets; hist_known: `(B, N, Dk)`; fut_known: `(B, M, Dk)`
         the known covariates of the M future steps (M is taken from it, or from `horizon` when there
-        are no covariates). Returns `(B, M, Dy)`.
+        are no covariates). draw: a step's output `(B', 1, Dy * n_params)` -> the value fed back
+        `(B', 1, Dy)` (default: the output itself, a point forecast). num_samples: paths per window.
+        Returns the values fed back, `(B * num_samples, M, Dy)`, the paths of window b in rows
+        b * num_samples .. (b + 1) * num_samples - 1.
         """
+        draw = draw or (lambda out: out)
         B, N, Dy = hist_target.shape
         if fut_known is None:
             if horizon is None:
@@ -108,15 +122,23 @@ class DecoderOnly(nn.Module):
 
         cache = KVCache(len(self.decoder.blocks), max_len=n_tokens) if use_cache else None
         # Prefill: tokens for steps 1..N carry the observed targets 0..N-1; the last one predicts step N.
-        target_prev = hist_target  # (B, N, Dy)
-        next_pred = self(target_prev, known[:, 1 : N + 1], cache=cache)[:, -1:]  # (B, 1, Dy)
-        preds = [next_pred]
+        # It is the same for every path of a window: run once, its K/V then shared by the S paths.
+        out = self(hist_target, known[:, 1 : N + 1], cache=cache)[:, -1:]  # (B, 1, Dy * P)
+        target_prev = hist_target  # (B, N, Dy), grown step by step without the cache
+        if num_samples > 1:
+            S = num_samples
+            out, known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, known, target_prev))  # (B * S, ...)
+            if cache is not None:
+                cache.share(S)
+        next_value = draw(out)  # (B * S, 1, Dy)
+        values = [next_value]
         for m in range(1, M):
-            step = N + m  # the step predicted now; its token carries the prediction of step - 1
+            step = N + m  # the step predicted now; its token carries the value of step - 1
             if use_cache:
-                next_pred = self(next_pred, known[:, step : step + 1], cache=cache)[:, -1:]
+                out = self(next_value, known[:, step : step + 1], cache=cache)[:, -1:]
             else:
-                target_prev = torch.cat([target_prev, next_pred], dim=1)  # (B, step, Dy)
-                next_pred = self(target_prev, known[:, 1 : step + 1])[:, -1:]
-            preds.append(next_pred)
-        return torch.cat(preds, dim=1)  # (B, M, Dy)
+                target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, step, Dy)
+                out = self(target_prev, known[:, 1 : step + 1])[:, -1:]
+            next_value = draw(out)
+            values.append(next_value)
+        return torch.cat(values, dim=1)  # (B * S, M, Dy)

@@ -18,10 +18,17 @@ cross-attention K/V of the memory once.
 With `patch_len`, the ENCODER reads patches of steps (`tsformer.nn.patching`; PatchTST): its memory
 has L = floor((N - P) / S) + 2 tokens, each at the position of its first step on the shared axis.
 The decoder still has one token per future step (it generates step by step).
+
+With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per target
+channel and `generate` takes `draw` (a step's output -> the value fed back) and `num_samples`: the
+memory and the first decoder step are computed once per window, then the decoder's cache (its
+self-attention K/V and the memory's cross-attention K/V) is shared by the window's S paths
+(`KVCache.share`: kept once, not copied), which run on as one batch of B * S sequences.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +54,7 @@ class EncoderDecoderConfig(TransformerConfig):
     start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
     patch_len: int | None = None  # encoder tokens: None = one per history step; P = one per patch of P steps
     patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
+    n_params: int = 1  # outputs per target channel: 1 for a point forecast, the distribution's parameters otherwise
 
 
 class EncoderDecoder(nn.Module):
@@ -65,7 +73,7 @@ class EncoderDecoder(nn.Module):
         n_dec = cfg.n_decoder_layers or cfg.n_layers
         self.decoder = TransformerStack(cfg, n_dec, causal=True, cross_attention=True, rope=rope)
         self.go_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02) if cfg.start_token == "go" else None
-        self.head = nn.Linear(cfg.d_model, cfg.d_target)
+        self.head = nn.Linear(cfg.d_model, cfg.d_target * cfg.n_params)
 
     def memory_positions(self, n_hist: int, device=None) -> torch.Tensor:
         """`(L,)` positions of the memory tokens of a history of `n_hist` steps: its steps 0..N-1,
@@ -97,7 +105,7 @@ class EncoderDecoder(nn.Module):
         cache: KVCache | None = None,
         n_hist: int | None = None,
     ) -> torch.Tensor:
-        """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` decoder inputs -> `(B, T, Dy)`.
+        """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` decoder inputs -> `(B, T, Dy * n_params)`.
 
         n_hist: the history's length N (the first future step sits at position N); needed with
         patches, where the memory has fewer tokens than the history has steps.
@@ -128,7 +136,7 @@ class EncoderDecoder(nn.Module):
             memory_positions=self.memory_positions(N, device=memory.device),
             cache=cache,
         )
-        return self.head(h)  # (B, T, Dy)
+        return self.head(h)  # (B, T, Dy * n_params)
 
     def forward(
         self,
@@ -138,7 +146,7 @@ class EncoderDecoder(nn.Module):
         fut_known: torch.Tensor | None = None,
         hist_valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Teacher forcing: predict `(B, M, Dy)` with the true future shifted right as decoder input.
+        """Teacher forcing: predict `(B, M, Dy * n_params)` with the true future shifted right as decoder input.
 
         hist: `(B, N, d_enc_in)`; last_target: `(B, Dy)` the last observed target;
         fut_target: `(B, M, Dy)` the true future; fut_known: `(B, M, Dk)`.
@@ -159,8 +167,16 @@ class EncoderDecoder(nn.Module):
         horizon: int | None = None,
         hist_valid: torch.Tensor | None = None,
         use_cache: bool = True,
+        draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        num_samples: int = 1,
     ) -> torch.Tensor:
-        """Roll out M future steps `(B, M, Dy)`; M from `fut_known (B, M, Dk)` or `horizon`."""
+        """Roll out M future steps; M from `fut_known (B, M, Dk)` or `horizon`.
+
+        draw: a step's output `(B', 1, Dy * n_params)` -> the value fed back `(B', 1, Dy)` (default:
+        the output itself, a point forecast). num_samples: paths per window. Returns the values fed
+        back, `(B * num_samples, M, Dy)`, window b's paths in rows b * num_samples .. (b + 1) * num_samples - 1.
+        """
+        draw = draw or (lambda out: out)
         B = hist.shape[0]
         if fut_known is None:
             if horizon is None:
@@ -171,13 +187,23 @@ class EncoderDecoder(nn.Module):
         memory = self.encode(hist, hist_valid)  # computed once for all steps
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
         target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
-        next_pred = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[:, -1:]
-        preds = [next_pred]
+        out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[:, -1:]  # (B, 1, Dy * P)
+        if num_samples > 1:  # the first step is the same for every path of a window: computed once
+            S = num_samples
+            out, fut_known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev))
+            if cache is not None:
+                cache.share(S)  # memory and hist_valid stay (B, ...): the shared cross-attention K/V are the memory's
+            else:  # the reference path re-reads the memory at every step: one copy per path
+                memory = memory.repeat_interleave(S, dim=0)
+                hist_valid = hist_valid.repeat_interleave(S, dim=0) if hist_valid is not None else None
+        next_value = draw(out)  # (B * S, 1, Dy)
+        values = [next_value]
         for m in range(1, M):
             if use_cache:
-                next_pred = self.decode(next_pred, fut_known[:, m : m + 1], memory, hist_valid, cache=cache, n_hist=N)
+                out = self.decode(next_value, fut_known[:, m : m + 1], memory, hist_valid, cache=cache, n_hist=N)
             else:
-                target_prev = torch.cat([target_prev, next_pred], dim=1)  # (B, m + 1, Dy)
-                next_pred = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]
-            preds.append(next_pred)
-        return torch.cat(preds, dim=1)  # (B, M, Dy)
+                target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, m + 1, Dy)
+                out = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]
+            next_value = draw(out)
+            values.append(next_value)
+        return torch.cat(values, dim=1)  # (B * S, M, Dy)

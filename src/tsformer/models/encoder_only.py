@@ -18,6 +18,9 @@ Heads:
 Tokens: one per step, or with `patch_len` one per patch of steps (`tsformer.nn.patching`; PatchTST):
 the N steps become L = floor((N - P) / S) + 2 tokens at the positions of their first steps, and the
 forecast head flattens the L token outputs. The `per_step` head needs one token per step (no patches).
+
+With a distribution head (`tsformer.nn.heads`), `n_params` > 1: the per_step and forecast heads give
+`d_out * n_params` outputs per step, the distribution's parameters of each channel.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class EncoderOnlyConfig(TransformerConfig):
     linear_skip: bool = False  # per_step head: add Linear(inputs of the step) to the output
     patch_len: int | None = None  # None: one token per step; P: one token per patch of P steps
     patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
+    n_params: int = 1  # per_step and forecast heads: outputs per d_out channel (a distribution's parameters)
 
 
 class EncoderOnly(nn.Module):
@@ -73,13 +77,14 @@ class EncoderOnly(nn.Module):
             self.cls_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02)
         if cfg.linear_skip and cfg.head != "per_step":
             raise ValueError(f"linear_skip belongs to the per_step head, not to head={cfg.head!r}")
-        self.linear_skip = nn.Linear(cfg.d_in, cfg.d_out) if cfg.linear_skip else None
+        d_out = cfg.d_out * cfg.n_params  # outputs per step: every parameter of every channel
+        self.linear_skip = nn.Linear(cfg.d_in, d_out) if cfg.linear_skip else None
         if cfg.head == "per_step":
-            self.head = nn.Linear(cfg.d_model, cfg.d_out)
+            self.head = nn.Linear(cfg.d_model, d_out)
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         else:
-            self.head = nn.Linear(self.n_tokens(cfg.context_len) * cfg.d_model, cfg.horizon * cfg.d_out)
+            self.head = nn.Linear(self.n_tokens(cfg.context_len) * cfg.d_model, cfg.horizon * d_out)
 
     def n_tokens(self, n_steps: int) -> int:
         """Tokens of a window of `n_steps` steps (without the [CLS] token)."""
@@ -132,5 +137,5 @@ class EncoderOnly(nn.Module):
             )
         if valid is not None:
             h = h * valid.unsqueeze(-1).to(h.dtype)  # padded steps contribute nothing
-        out = self.head(h.reshape(B, h.shape[1] * self.cfg.d_model))  # (B, N' * d_model) -> (B, M * d_out)
-        return out.view(B, self.cfg.horizon, self.cfg.d_out)  # (B, M, d_out)
+        out = self.head(h.reshape(B, h.shape[1] * self.cfg.d_model))  # (B, N' * d_model) -> (B, M * d_out * P)
+        return out.view(B, self.cfg.horizon, self.cfg.d_out * self.cfg.n_params)  # (B, M, d_out * P)

@@ -9,6 +9,10 @@ Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.
 
 A query whose keys are ALL masked (e.g. a padded query in a padded batch) would give softmax over
 all -inf = NaN. Here such a row attends nowhere and its output is defined as zero.
+
+Sampled trajectories (S paths per window, `KVCache.share`) attend over keys shared by the S paths of
+a window (its history, its encoder memory) and keys of their own: `shared_prefix_attention` reads
+the shared keys once per window for all S queries, as one matrix product, instead of S copies.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tsformer.nn.kv_cache import CrossAttentionCache, SelfAttentionCache
+from tsformer.nn.kv_cache import CrossAttentionCache, SelfAttentionCache, SharedPrefixCache
 from tsformer.nn.masks import causal_mask, combine_masks
 from tsformer.nn.positional import RotaryEmbedding
 
@@ -71,6 +75,59 @@ def scaled_dot_product_attention(
         out = out.masked_fill(~has_key, 0.0)
         if weights is not None:
             weights = weights.masked_fill(~has_key, 0.0)
+    return out, weights
+
+
+def shared_prefix_attention(
+    q: torch.Tensor,
+    k_shared: torch.Tensor,
+    v_shared: torch.Tensor,
+    n_paths: int,
+    k_own: torch.Tensor | None = None,
+    v_own: torch.Tensor | None = None,
+    shared_mask: torch.Tensor | None = None,
+    return_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One new query per path, S paths per sequence, over keys the S paths share and keys of their own.
+
+    q: `(B * S, H, 1, Dh)`, path s of sequence b in row b * S + s; k_shared, v_shared:
+    `(B, H, T0, Dh)` (a window's history or encoder memory); k_own, v_own: `(B * S, H, T1, Dh)` or
+    None (the path's own earlier steps, the new one included); shared_mask: bool, True = may attend,
+    broadcastable to `(B, H, 1, T0)`. The same softmax as `scaled_dot_product_attention` over the
+    keys [shared, own], computed in two parts: the shared keys are read once per sequence, for its S
+    queries at once (one matrix product), never copied per path. Returns `(out (B * S, H, 1, Dh),
+    weights (B * S, H, 1, T0 + T1) or None)`; a query with no key to attend gets zeros.
+    """
+    BS, H, Tq, Dh = q.shape
+    if Tq != 1:
+        raise ValueError(f"shared-prefix attention takes one new query per path, got {Tq}")
+    S = n_paths
+    B = BS // S
+    q = q * (1.0 / math.sqrt(Dh))  # scaled once here, not every score
+    by_seq = q.view(B, S, H, Dh).transpose(1, 2)  # (B, H, S, Dh): a sequence's S queries side by side
+    shared = by_seq @ k_shared.transpose(-2, -1)  # (B, H, S, T0)
+    if shared_mask is not None:
+        shared = shared.masked_fill(~shared_mask, float("-inf"))
+    top = shared.amax(dim=-1, keepdim=True)  # (B, H, S, 1): softmax's shift, over both parts
+    if k_own is not None:
+        T1 = k_own.shape[2]
+        k_own, v_own = k_own.view(B, S, H, T1, Dh), v_own.view(B, S, H, T1, Dh)
+        own = (q.view(B, S, H, 1, Dh) * k_own).sum(dim=-1).transpose(1, 2)  # (B, H, S, T1): a dot per key
+        top = torch.maximum(top, own.amax(dim=-1, keepdim=True))
+    top = top.masked_fill(torch.isinf(top), 0.0)  # no key at all: every exp below is 0, the output 0
+    e_shared = shared.sub_(top).exp_()  # (B, H, S, T0), in place: the largest tensor here
+    denom = e_shared.sum(dim=-1, keepdim=True)  # (B, H, S, 1)
+    out = (e_shared @ v_shared).transpose(1, 2)  # (B, H, S, Dh) -> (B, S, H, Dh)
+    if k_own is not None:
+        e_own = own.sub_(top).exp_()  # (B, H, S, T1)
+        denom = denom + e_own.sum(dim=-1, keepdim=True)
+        out = out + (e_own.transpose(1, 2).unsqueeze(-1) * v_own).sum(dim=-2)  # (B, S, H, Dh)
+    denom = denom.transpose(1, 2).clamp_min(torch.finfo(q.dtype).tiny)  # (B, S, H, 1)
+    out = (out / denom).reshape(BS, H, 1, Dh)  # (B, S, H, Dh) -> (B * S, H, 1, Dh)
+    weights = None
+    if return_weights:
+        parts = [e_shared] + ([e_own] if k_own is not None else [])
+        weights = (torch.cat(parts, dim=-1).transpose(1, 2) / denom).reshape(BS, H, 1, -1)  # (B * S, H, 1, T0 + T1)
     return out, weights
 
 
@@ -136,10 +193,21 @@ class MultiHeadAttention(nn.Module):
             v = self._split_heads(self.v_proj(x))
             if self.rope is not None:
                 k = self.rope(k, positions)
+            if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
+                k, v = cache.append(k, v)  # the paths' own (B * S, H, T1, Dh)
+                out, weights = shared_prefix_attention(
+                    q, cache.k_prefix, cache.v_prefix, cache.n_paths, k, v, return_weights=self.record_weights
+                )
+                return self._output(out, weights, B, Tq, D)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, T_cached + Tq, Dh)
         elif isinstance(cache, CrossAttentionCache) and cache.filled:
             k, v = cache.k, cache.v  # computed from the context at the first decoding step
+            if cache.n_paths > 1:  # sampled paths: the memory's K/V once per window, (B, H, Tk, Dh)
+                out, weights = shared_prefix_attention(
+                    q, k, v, cache.n_paths, shared_mask=mask, return_weights=self.record_weights
+                )
+                return self._output(out, weights, B, Tq, D)
         else:
             k = self._split_heads(self.k_proj(context))  # (B, H, Tk, Dh)
             v = self._split_heads(self.v_proj(context))
@@ -158,6 +226,10 @@ class MultiHeadAttention(nn.Module):
             fused=self.fused,
             return_weights=self.record_weights,
         )
+        return self._output(out, weights, B, Tq, D)
+
+    def _output(self, out: torch.Tensor, weights: torch.Tensor | None, B: int, Tq: int, D: int) -> torch.Tensor:
+        """Heads `(B, H, Tq, Dh)` -> `(B, Tq, d_model)` through W_O; keeps the weights when recording."""
         if self.record_weights:
             self.last_weights = weights.detach()
         out = out.transpose(1, 2).reshape(B, Tq, D)  # (B, Tq, H * Dh)

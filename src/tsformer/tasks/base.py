@@ -6,13 +6,22 @@ lives here once:
 - the model options that wrap any family (`model_options.py`: RevIN, channel independence; patch
   tokens are passed to the network of the families that take them), checked against the family's
   `supported_options`;
-- loss (MSE, MAE or Huber), AdamW with linear warmup then cosine decay (warmup matters for Post-Norm);
+- the output head (`nn/heads.py`, `model.head`): a point forecast trained with MSE, MAE or Huber, or
+  a distribution (Gaussian, Student-t, quantiles) trained on its negative log likelihood or pinball
+  loss; AdamW with linear warmup then cosine decay (warmup matters for Post-Norm);
 - validation: `val/loss` (the training loss) and `val/mse`, `val/mae` of real predictions (for the
   autoregressive families: generated, feeding predictions back), monitored for checkpoints;
 - test: `test/mse`, `test/mae` on scaled values (the literature's convention), `test/mae_orig`,
   `test/rmse_orig` in original units (also per target variable), and the same for the naive
   baseline on the same windows (`test/baseline_*`) and for any extra baselines
-  (`test/<name>_*`, see `baselines.py`); predictions of every window kept for the export.
+  (`test/<name>_*`, see `baselines.py`); predictions of every window kept for the export;
+- with a distribution head, the probabilistic test metrics (`test/crps`, `test/pinball`,
+  `test/coverage_80`, `test/width_80`, and `test/crps_orig`, `test/width_80_orig` in original units)
+  of the model and of the probabilistic baseline (`test/baseline_*`, `ErrorQuantiles`), and the
+  quantiles of every window for the CSV. The point value `y_pred` (and `test/mse`...) is the
+  distribution's mean or median (`model.head.point`). The autoregressive families sample
+  `model.head.num_samples` trajectories per test window; their validation (`val/mse`, the checkpoint
+  metric) uses one deterministic rollout that feeds back the point value, as cheap as a point model's.
 
 Batches are the dicts of `tsformer.data.WindowDataset`: hist_target (B, N, Dy), hist_known (B, N, Dk),
 hist_observed (B, N, Do), fut_target (B, M, Dy), fut_known (B, M, Dk), fut_observed (B, M, Do), window (B,).
@@ -25,15 +34,17 @@ import math
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
+from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, MetricCollection
 
+from tsformer.data.forecast_noise import scaler_affine
 from tsformer.nn.attention import collect_attention, stack_query_rows
-from tsformer.tasks.baselines import Persistence
+from tsformer.nn.heads import build_head
+from tsformer.tasks.baselines import ErrorQuantiles, Persistence
 from tsformer.tasks.model_options import ModelOptions
+from tsformer.tasks.probabilistic import BAND_LEVELS, Forecast, SampleForecast, head_forecast, scores
 from tsformer.tasks.static import StaticCovariates
 
-LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
+PROB_METRICS = ("crps", "pinball", "coverage_80", "width_80", "crps_orig", "width_80_orig")
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -77,14 +88,13 @@ class WindowTask(L.LightningModule):
         channel_independent: bool = False,
         patch_len: int | None = None,
         patch_stride: int | None = None,
+        head: dict | None = None,
     ):
         super().__init__()
-        if loss not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
         self.save_hyperparameters(logger=False, ignore=["baselines"])
         self._check_options()
-        self.loss_fn = LOSSES[loss]
+        self.head = build_head(head, loss)  # model.head (None: the point head with model.loss)
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
         # static covariates enter as extra known channels of every step (see static.py)
         self.static = StaticCovariates(d_static_num, static_vocab_sizes or [], static_embedding_dim)
@@ -114,6 +124,14 @@ class WindowTask(L.LightningModule):
         self.test_metrics = torch.nn.ModuleDict(
             {"model": test_metrics("test/"), **{b.name: test_metrics(f"test/{b.name}_") for b in self.baselines}}
         )
+        self.prob_metrics = None
+        if self.head.probabilistic:  # the model and the probabilistic baseline, each metric a running mean
+            self.prob_metrics = torch.nn.ModuleDict(
+                {who: torch.nn.ModuleDict({m: MeanMetric() for m in PROB_METRICS}) for who in ("model", "baseline")}
+            )
+            # the quantiles kept for the export and the fan chart: the configured ones and the bands
+            self.report_levels = sorted(set(self.head.levels) | set(BAND_LEVELS))
+        self.prob_baseline: ErrorQuantiles | None = None
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
 
@@ -123,18 +141,31 @@ class WindowTask(L.LightningModule):
     # channel independence, where the batch holds one single-channel window per target channel).
 
     supported_options: frozenset[str] = frozenset()  # of "revin", "channel_independent", "patch_len"
+    autoregressive = False  # True: predictions are fed back step by step (distribution heads sample paths)
 
     def build_net(self, net: dict) -> torch.nn.Module:
         raise NotImplementedError
 
     def teacher_forced(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The training pass: `(pred (B, T, C), labels (B, T, C), valid (B, T) bool)`, the targets'
-        channels first in pred and labels (the loss is taken over the valid steps)."""
+        """The training pass: `(out (B, T, C * P), labels (B, T, C), valid (B, T) bool)`: the
+        network's raw outputs (P = the head's n_params per channel), the targets' channels first in
+        out and labels (the loss is taken over the valid steps)."""
         raise NotImplementedError
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        """Prediction of the target steps, `(B, T_out, d_target_net)` (T_out = M, or N for
-        reconstruction), in the units of the batch it is given. Never reads the future targets."""
+        """Point prediction of the target steps, `(B, T_out, d_target_net)` (T_out = M, or N for
+        reconstruction), in the units of the batch it is given. Never reads the future targets.
+        Autoregressive families feed back the head's point value (`self.head.point_of_raw`)."""
+        raise NotImplementedError
+
+    def predict_params(self, batch: dict) -> torch.Tensor:
+        """Non-autoregressive families: the head's parameters of the target steps `(B, T_out,
+        d_target_net, P)`, in the units of the batch. Never reads the future targets."""
+        raise NotImplementedError
+
+    def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
+        """Autoregressive families: `num_samples` trajectories of the target steps per window, each
+        step drawn from the head's distribution and fed back: `(B, S, M, d_target_net)`."""
         raise NotImplementedError
 
     # -- what every family shares -----------------------------------------------------------------
@@ -163,12 +194,30 @@ class WindowTask(L.LightningModule):
     def loss(self, batch: dict) -> torch.Tensor:
         return self.training_loss(self.static.append_to_known(batch))
 
+    def forecast_distribution(self, batch: dict) -> Forecast:
+        """The probabilistic forecast of a batch as it comes from the data (data's scaled units):
+        sampled paths for the autoregressive families, the head's marginals for the others."""
+        net_batch, view = self.options.enter(self.static.append_to_known(batch))
+        if self.autoregressive:
+            paths = self.sample_paths(net_batch, self.head.num_samples)  # (B', S, M, Dy')
+            return SampleForecast(view.paths_to_batch_layout(paths), self.head.point_kind)
+        return head_forecast(self.head, view.params_to_batch_layout(self.predict_params(net_batch), self.head))
+
+    def forecast_with_quantiles(self, batch: dict, levels) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(point (B, T_out, Dy), quantiles (B, T_out, Dy, K) at levels or None for a point head)`,
+        data's scaled units: what `Forecaster.predict` writes."""
+        if not self.head.probabilistic:
+            return self.forecast(batch), None
+        dist = self.forecast_distribution(batch)
+        return dist.point(), dist.quantiles(levels)
+
     def training_loss(self, batch: dict) -> torch.Tensor:
         """The loss of a batch whose known covariates include the static features: in the data's
-        scaled units whatever the options (predictions and labels denormalised by RevIN)."""
+        scaled units whatever the options (the head's parameters and the labels denormalised by RevIN)."""
         net_batch, view = self.options.enter(batch)
-        pred, labels, valid = self.teacher_forced(net_batch)
-        return self.masked_loss(view.to_data_units(pred), view.to_data_units(labels), valid)
+        out, labels, valid = self.teacher_forced(net_batch)
+        params = view.params_to_data_units(self.head.params(out), self.head)  # (B, T, C, P)
+        return self.masked_loss(params, view.to_data_units(labels), valid)
 
     @property
     def patch_args(self) -> dict:
@@ -196,11 +245,11 @@ class WindowTask(L.LightningModule):
         """`(B, T_out)` bool: False on target steps that were filled in (data.fill), never scored."""
         return valid_steps(batch, "fut")
 
-    def masked_loss(self, pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """The loss over the valid steps only; pred, target `(B, T, D)`, valid `(B, T)`."""
+    def masked_loss(self, params: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The head's loss over the valid steps only; params `(B, T, D, P)`, target `(B, T, D)`, valid `(B, T)`."""
         if bool(valid.all()):
-            return self.loss_fn(pred, target)
-        return self.loss_fn(pred[valid], target[valid])  # (n_valid, D)
+            return self.head.loss(params, target)
+        return self.head.loss(params[valid], target[valid])  # (n_valid, D, P), (n_valid, D)
 
     def naive_baseline(self):
         """The job's naive baseline (forecasting: persistence)."""
@@ -238,10 +287,20 @@ class WindowTask(L.LightningModule):
         self._test_chunks = []
         for baseline in self.baselines:
             baseline.fit(self.trainer.datamodule)
+        if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
+            self.prob_baseline = ErrorQuantiles(self.baselines[0])
+            self.prob_baseline.fit_errors(self.trainer.datamodule)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true, valid = self.true_target(batch), self.target_valid(batch)  # (B, T, Dy), (B, T)
-        preds = {"model": self.forecast(batch)} | {b.name: b.predict(batch) for b in self.baselines}
+        quantiles = {}
+        if self.head.probabilistic:
+            dists = {"model": self.forecast_distribution(batch), "baseline": self.prob_baseline.forecast(batch)}
+            quantiles = {who: self._score_distribution(who, dist, true, valid) for who, dist in dists.items()}
+            model_point = dists["model"].point()
+        else:
+            model_point = self.forecast(batch)
+        preds = {"model": model_point} | {b.name: b.predict(batch) for b in self.baselines}
         true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
         for name, pred in preds.items():
             pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())
@@ -259,8 +318,27 @@ class WindowTask(L.LightningModule):
                 "true": true.cpu(),
                 "valid": valid.cpu(),
                 "baseline": preds["baseline"].cpu(),
+                **{("quantiles" if who == "model" else f"{who}_quantiles"): q.cpu() for who, q in quantiles.items()},
             }
         )
+
+    def _score_distribution(self, who: str, dist: Forecast, true: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Update `who`'s probabilistic metrics on the valid steps; return its quantiles at the
+        report levels `(B, T, Dy, K)` (scaled units, for the export)."""
+        per_element = scores(dist, true, self.head.levels)  # name -> (B, T, Dy), scaled units
+        to_orig = true.new_tensor(self._target_scale)  # (Dy,) original = scaled * scale + offset
+        per_element["crps_orig"] = per_element["crps"] * to_orig
+        per_element["width_80_orig"] = per_element["width_80"] * to_orig
+        for name, values in per_element.items():
+            self.prob_metrics[who][name].update(values[valid])
+        return dist.quantiles(self.report_levels)
+
+    @property
+    def _target_scale(self) -> list[float]:
+        """Per target variable, original units per scaled unit (the scalers are positive affine maps)."""
+        dm = self.trainer.datamodule
+        scale, _ = scaler_affine(dm.target_scaler, dm.d_target)
+        return [float(abs(s)) for s in scale]
 
     def on_test_epoch_end(self) -> None:
         values = {}
@@ -272,6 +350,12 @@ class WindowTask(L.LightningModule):
                 else:
                     values[name] = value
             metrics.reset()
+        if self.prob_metrics is not None:
+            for who, metrics in self.prob_metrics.items():
+                prefix = "test/" if who == "model" else f"test/{who}_"
+                for name, metric in metrics.items():
+                    values[f"{prefix}{name}"] = metric.compute()
+                    metric.reset()
         self.log_dict(values)
         chunks = self._test_chunks
         order = torch.cat([c["window"] for c in chunks]).argsort()

@@ -7,6 +7,10 @@ Every run measures the naive baseline of its job (metrics `test/baseline_*`):
 - state reconstruction: `PerRowRegressor(LinearRegression())`, inputs -> states one row at a time.
 More can be added per experiment (`baselines:` in the config), e.g. gradient boosting per row;
 their metrics are `test/<name>_*`.
+
+With a distribution head the naive baseline is also made probabilistic (`ErrorQuantiles`): its
+forecast plus the empirical quantiles of its own errors on the validation windows, by step and
+variable; its probabilistic metrics are `test/baseline_crps` etc.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from sklearn.linear_model import LinearRegression
 
 from tsformer.data.forecast_noise import scaler_affine
+from tsformer.tasks.probabilistic import QuantileFunctionForecast
 
 
 class Persistence:
@@ -124,3 +129,47 @@ class PowerCurve:
         speed = speed * self._speed_scale + self._speed_offset  # m/s
         power = self.curve(speed)[..., None]  # (B, M, 1) kW
         return torch.as_tensor(self._to_scaled(power), dtype=fut_known.dtype, device=fut_known.device)
+
+
+class ErrorQuantiles:
+    """A point baseline made probabilistic: its forecast plus the empirical quantiles of its own
+    errors (truth - forecast) on every validation window, separately for each step and variable.
+
+    For persistence this is the classic "persistence + climatology of its errors by lead time": the
+    spread grows with the step as the errors do. Fitted after the point baseline (`fit_errors`),
+    on the validation split only; filled steps (data.fill) are left out of the errors.
+    """
+
+    def __init__(self, point_baseline):
+        self.point_baseline = point_baseline
+        self.name = point_baseline.name
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def fit_errors(self, datamodule) -> None:
+        reconstruction = datamodule.horizon == 0
+        part = "hist" if reconstruction else "fut"
+        errors = []
+        for batch in datamodule.val_dataloader():
+            true = batch[f"{part}_target"]  # (B, T, Dy) scaled
+            error = true - self.point_baseline.predict(batch).to(true.dtype)
+            if f"{part}_valid" in batch:
+                error = error.masked_fill(~batch[f"{part}_valid"].unsqueeze(-1), float("nan"))
+            errors.append(error)
+        self.errors = torch.cat(errors)  # (W_val, T, Dy), NaN on filled steps
+        self._cache = {}
+
+    def error_quantiles(self, levels) -> torch.Tensor:
+        """`(T, Dy, K)` empirical quantiles of the validation errors at each step and variable."""
+        key = tuple(float(x) for x in levels)
+        if key not in self._cache:
+            q = torch.nanquantile(self.errors.double(), torch.tensor(key, dtype=torch.float64), dim=0)  # (K, T, Dy)
+            self._cache[key] = q.movedim(0, -1).float()  # (T, Dy, K)
+        return self._cache[key]
+
+    def forecast(self, batch: dict) -> QuantileFunctionForecast:
+        point = self.point_baseline.predict(batch)  # (B, T, Dy)
+
+        def quantiles(levels):
+            return point.unsqueeze(-1) + self.error_quantiles(levels).to(point.device, point.dtype)  # (B, T, Dy, K)
+
+        return QuantileFunctionForecast(quantiles, lambda: point)

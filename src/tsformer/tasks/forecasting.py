@@ -19,6 +19,13 @@ independence wrap all three families the same way, outside them (`model_options.
 (`nn/patching.py`) are cut from the encoder-only forecaster's token sequence (history [+ future
 known steps]) and from the encoder-decoder's history (its decoder keeps one token per future step);
 the decoder-only family takes no patches, since it generates one step per token.
+
+Output heads (`nn/heads.py`): every family's network gives the head's `n_params` outputs per
+channel. The autoregressive families (`enc_dec`, `dec_only`) feed back the head's point value in a
+deterministic rollout (`predict_target`, used for validation) and a random draw in sampled
+trajectories (`sample_paths`, `model.head.num_samples` paths per window as one batch through the
+KV-cached decoder); the encoder-only forecaster gives the marginal distribution of every future
+step at once (`predict_params`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class _Forecaster(WindowTask):
 
 class EncoderDecoderForecaster(_Forecaster):
     family = "enc_dec"
+    autoregressive = True
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
 
     def build_forecaster(self, net: dict) -> EncoderDecoder:
@@ -64,24 +72,38 @@ class EncoderDecoderForecaster(_Forecaster):
                 d_enc_in=self.d_target_net + self.d_known_in + hp.d_observed,
                 d_target=self.d_target_net,
                 d_known=self.d_known_in,
+                n_params=self.head.n_params,
             )
         )
 
     def teacher_forced(self, batch: dict):
-        pred = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
-        return pred, batch["fut_target"], valid_steps(batch, "fut")
+        out = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
+        return out, batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"])  # (B, M, Dy)
+        draw = self.head.point_of_raw
+        return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"], draw=draw)  # (B, M, Dy)
+
+    def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
+        paths = self.net.generate(
+            history(batch), batch["hist_target"][:, -1], batch["fut_known"],
+            draw=self.head.sample_of_raw, num_samples=num_samples,
+        )  # (B * S, M, Dy)
+        return paths.unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
 
 class DecoderOnlyForecaster(_Forecaster):
     family = "dec_only"
+    autoregressive = True
     supported_options = frozenset({"revin", "channel_independent"})
 
     def build_forecaster(self, net: dict) -> DecoderOnly:
         hp = self.hparams
-        return DecoderOnly(DecoderOnlyConfig(**net, d_target=self.d_target_net + hp.d_observed, d_known=self.d_known_in))
+        return DecoderOnly(
+            DecoderOnlyConfig(
+                **net, d_target=self.d_target_net + hp.d_observed, d_known=self.d_known_in, n_params=self.head.n_params
+            )
+        )
 
     def teacher_forced(self, batch: dict):
         # autoregressive channels: targets, then observed covariates (predicted and fed back too)
@@ -99,8 +121,16 @@ class DecoderOnlyForecaster(_Forecaster):
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
-        pred = self.net.generate(hist_auto, batch["hist_known"], batch["fut_known"])  # (B, M, Dy + Do)
-        return pred[..., : self.d_target_net]
+        pred = self.net.generate(hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.point_of_raw)
+        return pred[..., : self.d_target_net]  # (B, M, Dy + Do) -> (B, M, Dy)
+
+    def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
+        # the past-only covariates are sampled and fed back too (a path is a joint draw), then dropped
+        hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
+        paths = self.net.generate(
+            hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.sample_of_raw, num_samples=num_samples
+        )  # (B * S, M, Dy + Do)
+        return paths[..., : self.d_target_net].unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
 
 class EncoderForecaster(_Forecaster):
@@ -119,6 +149,7 @@ class EncoderForecaster(_Forecaster):
                 head="forecast",
                 context_len=n_steps,
                 horizon=hp.horizon,
+                n_params=self.head.n_params,
             )
         )
 
@@ -143,4 +174,7 @@ class EncoderForecaster(_Forecaster):
         return self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.net(self.tokens(batch))  # (B, M, Dy)
+        return self.head.point_of_raw(self.net(self.tokens(batch)))  # (B, M, Dy)
+
+    def predict_params(self, batch: dict) -> torch.Tensor:
+        return self.head.params(self.net(self.tokens(batch)))  # (B, M, Dy, P)

@@ -66,6 +66,32 @@ class NetworkView:
         y = self.to_data_units(y)
         return merge_channels(y, self.d_target) if self.channel_independent else y  # (B, T, Dy)
 
+    def params_to_data_units(self, params: torch.Tensor, head) -> torch.Tensor:
+        """A head's parameters `(B', T, C, P)` (targets first) with the target channels' distributions
+        mapped back to the data's units (RevIN is a positive affine map per window and channel)."""
+        if self.scale is None:
+            return params
+        Dy = self.d_target_net
+        loc, scale = self.scale.loc, self.scale.scale  # (B', 1, Dy')
+        return torch.cat([head.affine(params[..., :Dy, :], loc, scale), params[..., Dy:, :]], dim=-2)
+
+    def params_to_batch_layout(self, params: torch.Tensor, head) -> torch.Tensor:
+        """The parameters of a target prediction `(B', T, Dy', P)` -> `(B, T, Dy, P)`, data's units."""
+        params = self.params_to_data_units(params, head)
+        if not self.channel_independent:
+            return params
+        BC, T, _, P = params.shape
+        return params.reshape(BC // self.d_target, self.d_target, T, P).transpose(1, 2)  # (B, Dy, T, P) -> (B, T, Dy, P)
+
+    def paths_to_batch_layout(self, paths: torch.Tensor) -> torch.Tensor:
+        """Sampled target paths `(B', S, T, Dy')` -> `(B, S, T, Dy)` in the data's units."""
+        if self.scale is not None:
+            paths = self.scale.denormalise(paths.movedim(1, 0)).movedim(0, 1)  # (S, B', T, Dy'): loc, scale broadcast
+        if not self.channel_independent:
+            return paths
+        BC, S, T, _ = paths.shape
+        return paths.reshape(BC // self.d_target, self.d_target, S, T).permute(0, 2, 3, 1)  # (B, Dy, S, T) -> (B, S, T, Dy)
+
 
 class ModelOptions(nn.Module):
     """`model.revin`, `model.revin_affine`, `model.channel_independent` (see the module docstring)."""

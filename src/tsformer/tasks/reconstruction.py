@@ -7,6 +7,7 @@ regression from the same inputs, fitted on the train rows.
 It takes none of the model options (`supported_options` is empty): the targets are what it infers,
 never an input, so RevIN has no history statistics to take and channel independence no channel
 series to split; its per-step outputs need one token per step (no patches).
+With a distribution head it gives the marginal distribution of every step's states.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class ReconstructionTask(WindowTask):
             raise ValueError("state reconstruction needs input columns: set data.known_cols or data.observed_cols")
         if hp.horizon != 0:
             raise ValueError(f"state reconstruction works on windows without a horizon; got horizon={hp.horizon}")
-        return EncoderOnly(EncoderOnlyConfig(**net, d_in=d_in, d_out=hp.d_target, head="per_step"))
+        return EncoderOnly(
+            EncoderOnlyConfig(**net, d_in=d_in, d_out=hp.d_target, head="per_step", n_params=self.head.n_params)
+        )
 
     @staticmethod
     def inputs(batch: dict) -> torch.Tensor:
@@ -38,7 +41,10 @@ class ReconstructionTask(WindowTask):
         return self.net(self.inputs(batch)), batch["hist_target"], valid_steps(batch, "hist")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.net(self.inputs(batch))  # (B, N, Dy)
+        return self.head.point_of_raw(self.net(self.inputs(batch)))  # (B, N, Dy)
+
+    def predict_params(self, batch: dict) -> torch.Tensor:
+        return self.head.params(self.net(self.inputs(batch)))  # (B, N, Dy, P): marginal distribution per step
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["hist_target"]

@@ -1,0 +1,145 @@
+"""Issue 7's acceptance figures: calibration and CRPS of the probabilistic heads, and path coherence.
+
+    python benchmarks/probabilistic.py                       # plant and T1 wind, dec_only and enc_dec, 3 heads
+    python benchmarks/probabilistic.py --datasets plant --families dec_only --heads student_t --quick
+
+1. For each data set (the simulated plant, `data=plant`; T1 wind, `experiment=wind_scada`), family
+   (`dec_only`, `enc_dec`) and head (`gaussian`, `student_t`, `quantile`), one ordinary training run
+   (`train.run`, logged to ./mlflow.db, experiment `probabilistic-benchmark`) and its test metrics:
+   coverage and width of the central 80% interval, CRPS (original units), beside the probabilistic
+   baseline's on the same windows (persistence plus the empirical quantiles of its own validation
+   errors by step). Acceptance: coverage in [0.75, 0.85] and CRPS below the baseline's.
+2. Coherence on T1 (acceptance 2): the lag-1 autocorrelation of the step-to-step changes of the
+   sampled paths of every test window, of the real series over the same windows, and of independent
+   marginal draws with exactly the same per-step quantiles (the paths' values at each step shuffled
+   across paths, separately per step: the marginals are kept, the joint is broken). The sampled
+   paths should be within 0.1 of the real series; the independent draws should not.
+
+Sizes (printed with the results) are kept small for a shared 2-core CPU: test windows every
+`--eval-stride` origins (every one of them evaluated); the numbers are one run, one seed.
+Nothing here is tuned on the test split: the settings are fixed before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+
+from tsformer.forecaster import Forecaster
+from tsformer.train import compose_config, run
+
+DATASETS = {
+    # the plant: smaller than the defaults so that 6 runs fit a CPU afternoon
+    "plant": ["data=plant", "model.net.d_model=32", "trainer.max_epochs=4", "data.train_stride=2"],
+    "wind_scada": ["experiment=wind_scada"],
+}
+COMMON = [
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "logger.mlflow.experiment_name=probabilistic-benchmark",
+    "n_plot_windows=4",
+]
+
+
+def lag1_autocorrelation_of_changes(paths: np.ndarray) -> float:
+    """Pooled lag-1 autocorrelation of the step-to-step changes of paths `(n_paths, M)`."""
+    d = np.diff(paths, axis=1)  # (n, M - 1)
+    a, b = d[:, :-1].ravel(), d[:, 1:].ravel()
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def coherence(model_folder: Path, overrides: list[str], output_dir: Path, seed: int = 0) -> dict[str, float]:
+    """Acceptance 2's three figures on the test windows of the run's data (single target)."""
+    cfg = compose_config(overrides, output_dir)
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    task = Forecaster.load(model_folder).task
+    torch.manual_seed(seed)
+    sampled, real = [], []
+    with torch.no_grad():
+        for batch in datamodule.test_dataloader():
+            dist = task.forecast_distribution(batch)
+            sampled.append(dist.samples[..., 0].numpy())  # (B, S, M) first target
+            real.append(batch["fut_target"][..., 0].numpy())  # (B, M)
+    paths = np.concatenate(sampled)  # (W, S, M)
+    truth = np.concatenate(real)  # (W, M)
+    rng = np.random.default_rng(seed)
+    W, S, M = paths.shape
+    shuffled = paths.copy()
+    for m in range(M):  # per window and step, the S values in a random order: same marginals, no joint
+        order = rng.permuted(np.tile(np.arange(S), (W, 1)), axis=1)  # (W, S)
+        shuffled[:, :, m] = np.take_along_axis(paths[:, :, m], order, axis=1)
+    return {
+        "windows": W,
+        "paths": S,
+        "sampled": lag1_autocorrelation_of_changes(paths.reshape(W * S, M)),
+        "real": lag1_autocorrelation_of_changes(truth),
+        "independent": lag1_autocorrelation_of_changes(shuffled.reshape(W * S, M)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="plant,wind_scada")
+    parser.add_argument("--families", default="dec_only,enc_dec")
+    parser.add_argument("--heads", default="gaussian,student_t,quantile")
+    parser.add_argument("--eval-stride", type=int, default=6, help="test (and validation) windows every N origins")
+    parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script, not the figures")
+    parser.add_argument("--out", default=None, help="output folder of the runs (default: a temporary one)")
+    args = parser.parse_args()
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="tsformer-prob-"))
+    rows, coherent = [], []
+    for dataset in args.datasets.split(","):
+        for family in args.families.split(","):
+            for head in args.heads.split(","):
+                overrides = [*DATASETS[dataset], f"model={family}", f"head={head}", *COMMON,
+                             f"data.eval_stride={args.eval_stride}"]
+                if args.quick:
+                    overrides += ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+                                  "model.net.d_model=16", "model.head.num_samples=10"]
+                folder = out / f"{dataset}-{family}-{head}"
+                start = time.perf_counter()
+                result = run(compose_config(overrides, folder))
+                seconds = time.perf_counter() - start
+                m = result.metrics
+                rows.append((dataset, family, head, m["test/coverage_80"], m["test/width_80_orig"], m["test/crps_orig"],
+                             m["test/baseline_coverage_80"], m["test/baseline_width_80_orig"], m["test/baseline_crps_orig"],
+                             m["test/mae_orig"], seconds))
+                print(f"done {dataset} {family} {head}: {seconds:.0f} s, run {result.run_id}", flush=True)
+                if dataset == "wind_scada":
+                    c = coherence(result.model_folder, overrides, folder / "coherence")
+                    coherent.append((family, head, c))
+                    print(f"coherence {family} {head}: {c}", flush=True)
+
+    print()
+    print(f"runs in {out}; eval_stride={args.eval_stride}; quick={args.quick}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    print("| data | family | head | coverage_80 | width_80 | CRPS | baseline coverage_80 | baseline width_80 | baseline CRPS | "
+          "MAE | accepted | train+test s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for data, family, head, cov, width, crps, bcov, bwidth, bcrps, mae, seconds in rows:
+        ok = 0.75 <= cov <= 0.85 and crps < bcrps
+        print(f"| {data} | {family} | {head} | {cov:.3f} | {width:.4g} | {crps:.4g} | {bcov:.3f} | {bwidth:.4g} | "
+              f"{bcrps:.4g} | {mae:.4g} | {'yes' if ok else 'no'} | {seconds:.0f} |")
+    if coherent:
+        print()
+        print("lag-1 autocorrelation of step-to-step changes, T1 test windows (acceptance 2: sampled within 0.1 of real)")
+        print("| family | head | windows x paths | sampled paths | real series | independent marginal draws | |sampled - real| | |independent - real| |")
+        print("|---|---|---|---|---|---|---|---|")
+        for family, head, c in coherent:
+            print(f"| {family} | {head} | {c['windows']} x {c['paths']} | {c['sampled']:.3f} | {c['real']:.3f} | "
+                  f"{c['independent']:.3f} | {abs(c['sampled'] - c['real']):.3f} | {abs(c['independent'] - c['real']):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
