@@ -1,0 +1,115 @@
+"""Sweeps: `python train.py -m ...` leaves one MLflow run per trial, nested under a parent run for the sweep.
+
+An Optuna sweep (hparams_search=optuna) with one trial that crashes in training goes on, records the
+crash as FAILED and optimises the value train returns; a grid sweep over the families (Hydra's basic
+sweeper) works; a trial that cannot even be built gets a FAILED run of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from conftest import REPO, TINY
+from tsformer.sweep import OBJECTIVE, PARENT_RUN_FILE
+
+
+def run_sweep(cwd, overrides):
+    """`python train.py -m <overrides>` in `cwd` (mlflow.db lands there), sweep folder cwd/sweep."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [sys.executable, str(REPO / "train.py"), "-m", *overrides, f"hydra.sweep.dir={cwd / 'sweep'}"]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def sweep_runs(folder):
+    """(parent run, its child runs by trial number) of the one sweep in folder/mlflow.db."""
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if "sweeper" in r.data.tags]
+    children = {int(r.data.tags["sweep_trial"]): r for r in runs if r is not parent}
+    for child in children.values():  # every run of the folder is a trial of this sweep, nested under it
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["sweep"] == str((folder / "sweep").resolve())
+    assert (folder / "sweep" / PARENT_RUN_FILE).read_text().strip() == parent.info.run_id
+    return client, parent, children
+
+
+def test_optuna_sweep_goes_on_past_a_crashing_trial(in_tmp):
+    crash_trial = 1
+    overrides = [o for o in TINY if not o.startswith("model.net.d_model")]
+    overrides += [
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.params=null",  # the search space: the two settings below, not the config's
+        "model.net.d_model=choice(8,16)",
+        "model.lr=interval(1e-4,1e-2)",
+        "+callbacks.crash._target_=crash_callback.CrashInTrial",
+        f"+callbacks.crash.trial={crash_trial}",
+    ]
+    proc = run_sweep(in_tmp, overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    client, parent, trials = sweep_runs(in_tmp)
+    assert sorted(trials) == [0, 1, 2, 3]
+    failed = trials.pop(crash_trial)
+    assert failed.info.status == "FAILED"
+    assert "simulated crash in trial 1" in failed.data.tags["error"]
+    assert "simulated crash in trial 1" in (in_tmp / "sweep" / str(crash_trial) / "train.log").read_text()
+    assert OBJECTIVE not in failed.data.metrics
+
+    # the finished trials: Optuna's settings in their params; the value train returned (the best
+    # val/mse) logged as the objective
+    lrs = set()
+    for trial in trials.values():
+        assert trial.info.status == "FINISHED"
+        overrides = dict(o.split("=", 1) for o in trial.data.tags["sweep_overrides"].split())
+        assert trial.data.params["model/net/d_model"] == overrides["model.net.d_model"]
+        assert float(trial.data.params["model/lr"]) == pytest.approx(float(overrides["model.lr"]))
+        lrs.add(overrides["model.lr"])
+        val_mse = min(m.value for m in client.get_metric_history(trial.info.run_id, "val/mse"))
+        assert trial.data.metrics[OBJECTIVE] == pytest.approx(val_mse)
+    assert len(lrs) == 3  # three different trials, not one setting three times
+
+    # the parent: the sweep, its counts, and Optuna's best trial, which is the best finished run
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweeper"] == "optuna"
+    assert parent.data.metrics["sweep/trials_finished"] == 3
+    assert parent.data.metrics["sweep/trials_failed"] == 1
+    results = OmegaConf.load(in_tmp / "sweep" / "optimization_results.yaml")
+    best = min(trials.values(), key=lambda r: r.data.metrics[OBJECTIVE])
+    assert results.best_value == pytest.approx(best.data.metrics[OBJECTIVE])
+    assert parent.data.metrics["sweep/best_value"] == pytest.approx(results.best_value)
+    assert parent.data.tags["best_run_id"] == best.info.run_id
+    assert parent.data.tags["best/model.net.d_model"] == best.data.params["model/net/d_model"]
+
+
+def test_grid_sweep_over_the_families(in_tmp):
+    proc = run_sweep(in_tmp, ["model=enc_only,dec_only,enc_dec", *TINY])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, parent, trials = sweep_runs(in_tmp)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweeper"] == "grid"
+    assert sorted(r.data.tags["family"] for r in trials.values()) == ["dec_only", "enc_dec", "enc_only"]
+    assert all(r.info.status == "FINISHED" and OBJECTIVE in r.data.metrics for r in trials.values())
+    assert parent.data.metrics["sweep/trials_finished"] == 3
+
+
+def test_a_trial_that_cannot_be_built_gets_a_failed_run(in_tmp):
+    """d_model=16 with 3 heads fails when the model is built, before train.py opens a run: the sweep's
+    callback opens one, FAILED. Hydra's basic sweeper runs every job, then exits with the error."""
+    tiny = [o for o in TINY if not o.startswith("model.net.n_heads")]
+    proc = run_sweep(in_tmp, ["model.net.n_heads=2,3", *tiny])
+    assert proc.returncode == 1
+    _, parent, trials = sweep_runs(in_tmp)
+    assert sorted(trials) == [0, 1]
+    assert trials[0].info.status == "FINISHED" and trials[0].data.params["model/net/n_heads"] == "2"
+    assert trials[1].info.status == "FAILED" and trials[1].data.params["model/net/n_heads"] == "3"
+    assert "d_model=16 must be divisible by n_heads=3" in trials[1].data.tags["error"]
+    assert parent.info.status == "FAILED" and "failed trials: 1" in parent.data.tags["error"]
+    assert parent.data.metrics["sweep/trials_failed"] == 1
