@@ -12,11 +12,15 @@ import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY
 from tsformer.sweep import OBJECTIVE, PARENT_RUN_FILE
+from tsformer.train import CONFIG_DIR
 
 
 def run_sweep(cwd, overrides):
@@ -113,3 +117,22 @@ def test_a_trial_that_cannot_be_built_gets_a_failed_run(in_tmp):
     assert "d_model=16 must be divisible by n_heads=3" in trials[1].data.tags["error"]
     assert parent.info.status == "FAILED" and "failed trials: 1" in parent.data.tags["error"]
     assert parent.data.metrics["sweep/trials_failed"] == 1
+
+
+@pytest.mark.parametrize("model", ["enc_only", "dec_only", "enc_dec", "enc_only_forecast", "patchtst"])
+def test_optuna_search_space_names_real_settings_of_every_family(model):
+    """A misspelt or impossible search space would crash every trial of a long sweep: each name in
+    hparams_search=optuna is a setting of the family, and each d_model on offer suits its heads."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["hparams_search=optuna", f"model={model}"], return_hydra_config=True)
+    assert "optuna" in cfg.hydra.sweeper._target_
+    assert cfg.hydra.callbacks.mlflow_sweep._target_ == "tsformer.sweep.MLflowSweep"
+    parser = OverridesParser.create()
+    for key, space in cfg.hydra.sweeper.params.items():
+        assert OmegaConf.select(cfg, key, default="missing") != "missing", key
+        override = parser.parse_override(f"{key}={space}")
+        assert override.is_sweep_override(), (key, space)
+        if key == "model.net.d_model":
+            for d_model in override.sweep_iterator():
+                assert d_model % cfg.model.net.n_heads == 0, (model, d_model, cfg.model.net.n_heads)
