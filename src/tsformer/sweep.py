@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"  # in the sweep folder: the parent run's id, for the trials
 OBJECTIVE = "sweep/objective"  # the trial's metric: the value train.py returned to the sweeper
+# (retries, timeout in s) of the sweep's own MLflow requests: a server that went down costs seconds
+# per trial, not MLflow's default 4 minutes per request
+BOOKKEEPING_RETRIES = (2, 30)
 
 
 def trial_tags() -> dict[str, str]:
@@ -76,12 +79,22 @@ class MLflowSweep(Callback):
         if settings is None:  # logger=csv, logger=none: nothing to group
             return
         uri, experiment_name, _ = settings
-        tracking.require_reachable(uri, setting=_uri_setting(config))  # an unreachable server stops the sweep now
+        try:
+            tracking.require_reachable(uri, setting=_uri_setting(config))
+        except tracking.TrackingServerUnreachable as err:
+            # Hydra turns a callback's exceptions into warnings and goes on; an exit stops the sweep now
+            log.error("%s", err)
+            raise SystemExit(1) from err
+        with tracking.http_retries(*BOOKKEEPING_RETRIES):
+            self._open_parent_run(config, uri, experiment_name)
+
+    def _open_parent_run(self, config: DictConfig, uri: str, experiment_name: str) -> None:
         from mlflow import MlflowClient
 
         self.client = MlflowClient(uri)
         self.started = time.time()
         self.sweep_dir = sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        (sweep_dir / PARENT_RUN_FILE).unlink(missing_ok=True)  # an earlier sweep's, in the same folder
         sweeper = _sweeper_name(config)
         tags = {
             "sweep": str(sweep_dir),
@@ -100,7 +113,8 @@ class MLflowSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.parent_run_id is not None:
             atexit.unregister(self._end_if_open)
-            self._end("FINISHED")
+            with tracking.http_retries(*BOOKKEEPING_RETRIES):
+                self._end("FINISHED")
 
     def _end_if_open(self) -> None:
         """At exit after the sweep raised (Hydra's basic sweeper re-raises a failed job's error once
@@ -109,8 +123,9 @@ class MLflowSweep(Callback):
             return
         try:
             failed = ", ".join(map(str, self.failed_trials)) or "none"
-            self.client.set_tag(self.parent_run_id, "error", f"the sweep ended with an error (failed trials: {failed}; see its log)")
-            self._end("FAILED")
+            with tracking.http_retries(*BOOKKEEPING_RETRIES):
+                self.client.set_tag(self.parent_run_id, "error", f"the sweep ended with an error (failed trials: {failed}; see its log)")
+                self._end("FAILED")
         except Exception as err:  # at exit, with the tracking server perhaps what failed
             log.warning("could not end the sweep's MLflow run %s: %s", self.parent_run_id, err)
 
@@ -163,7 +178,8 @@ class MLflowSweep(Callback):
         if settings is None:
             return
         try:  # bookkeeping: a tracking hiccup here must not stop the sweep (the trial's run has its metrics)
-            self._record_trial(config, settings, num, job_return, value, error)
+            with tracking.http_retries(*BOOKKEEPING_RETRIES):
+                self._record_trial(config, settings, num, job_return, value, error)
         except Exception as err:
             log.warning("could not record trial %s of the sweep in MLflow: %s", num, err)
 
@@ -189,12 +205,12 @@ class MLflowSweep(Callback):
         name = run_name or f"{choices.get('model')}-{choices.get('data')}"
         run = client.create_run(_experiment_id(client, experiment_name), run_name=name, tags=tags)
         # the overrides as params, under the names a finished trial's flattened config has (model/net/d_model)
-        params = []
+        params = {}
         for override in job_return.overrides or []:
             key, _, value = override.lstrip("+~").partition("=")
-            params.append(Param(key.replace(".", "/"), value[:6000]))
+            params[key.replace(".", "/")] = value[:6000]  # a key given twice: the last value, as Hydra takes it
         if params:
-            client.log_batch(run.info.run_id, params=params)
+            client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
         client.set_terminated(run.info.run_id, "FAILED")
         return run.info.run_id
 

@@ -85,18 +85,26 @@ def require_reachable(uri: str | None, setting: str = "logger.mlflow.tracking_ur
         return
     from mlflow import MlflowClient
 
-    with restore_env("MLFLOW_HTTP_REQUEST_MAX_RETRIES"), restore_env("MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(REACHABLE_TIMEOUT_S)
+    with http_retries(0, REACHABLE_TIMEOUT_S):
         try:
             MlflowClient(uri).search_experiments(max_results=1)  # any answer of the tracking API will do
         except Exception as err:
             reason = str(err).strip().splitlines()[0][:500] if str(err).strip() else type(err).__name__
             raise TrackingServerUnreachable(
-                f"the MLflow tracking server at {uri} does not answer ({reason}). The URI comes from "
+                f"cannot use the MLflow tracking server at {uri} ({reason}). The URI comes from "
                 f"{setting} (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db): start the server, "
                 "correct the URI, or train without it (logger=csv or logger=none). Nothing was trained."
             ) from err
+
+
+@contextmanager
+def http_retries(max_retries: int, timeout_s: int):
+    """MLflow's HTTP requests made in the block: at most `max_retries` retries (MLflow's default: 7,
+    with backoff, about 4 minutes for a server that is down) and `timeout_s` seconds each."""
+    with restore_env("MLFLOW_HTTP_REQUEST_MAX_RETRIES"), restore_env("MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(max_retries)
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+        yield
 
 
 def require_reachable_servers(cfg: DictConfig) -> None:
@@ -189,7 +197,8 @@ def start_system_metrics(logger: MLFlowLogger, settings: DictConfig | None, resu
 
     Lightning's MLFlowLogger opens the run through the client, not `mlflow.start_run`, so MLflow's
     own switch (`start_run(log_system_metrics=True)`) never sees it: MLflow's monitor is started
-    here on the run id, and stopped by `end_run`. A background thread samples every
+    here on the run id. It stops by itself once the run is no longer RUNNING (Lightning's logger
+    marks it FINISHED when fitting ends), at `end_run` at the latest. A background thread samples every
     `sampling_interval` seconds and logs the mean of `samples_before_logging` samples as one step
     (`system/cpu_utilization_percentage`, ...); a resumed run continues its steps.
     """
