@@ -2,7 +2,7 @@
 
 An Optuna sweep (hparams_search=optuna) with one trial that crashes in training goes on, records the
 crash as FAILED and optimises the value train returns; a grid sweep over the families (Hydra's basic
-sweeper) works; a trial that cannot even be built gets a FAILED run of its own.
+sweeper) works, and its jobs that cannot even be built get FAILED runs of their own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def run_sweep(cwd, overrides):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [sys.executable, str(REPO / "train.py"), "-m", *overrides, f"hydra.sweep.dir={cwd / 'sweep'}"]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def sweep_runs(folder):
@@ -94,29 +94,29 @@ def test_optuna_sweep_goes_on_past_a_crashing_trial(in_tmp):
     assert parent.data.tags["best/model.net.d_model"] == best.data.params["model/net/d_model"]
 
 
-def test_grid_sweep_over_the_families(in_tmp):
-    proc = run_sweep(in_tmp, ["model=enc_only,dec_only,enc_dec", *TINY])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _, parent, trials = sweep_runs(in_tmp)
-    assert parent.info.status == "FINISHED" and parent.data.tags["sweeper"] == "grid"
-    assert sorted(r.data.tags["family"] for r in trials.values()) == ["dec_only", "enc_dec", "enc_only"]
-    assert all(r.info.status == "FINISHED" and OBJECTIVE in r.data.metrics for r in trials.values())
-    assert parent.data.metrics["sweep/trials_finished"] == 3
-
-
-def test_a_trial_that_cannot_be_built_gets_a_failed_run(in_tmp):
-    """d_model=16 with 3 heads fails when the model is built, before train.py opens a run: the sweep's
-    callback opens one, FAILED. Hydra's basic sweeper runs every job, then exits with the error."""
+def test_grid_sweep_over_the_families_with_an_impossible_setting(in_tmp):
+    """A grid (Hydra's basic sweeper) of the three families x 2 or 3 heads at d_model=16: the 2-head
+    jobs train; the 3-head ones fail when the model is built, before train.py opens a run, and the
+    sweep's callback opens one for each, FAILED. Hydra runs every job, then exits with the error."""
     tiny = [o for o in TINY if not o.startswith("model.net.n_heads")]
-    proc = run_sweep(in_tmp, ["model.net.n_heads=2,3", *tiny])
-    assert proc.returncode == 1
+    proc = run_sweep(in_tmp, ["model=enc_only,dec_only,enc_dec", "model.net.n_heads=2,3", *tiny])
+    assert proc.returncode == 1, proc.stderr[-3000:]
     _, parent, trials = sweep_runs(in_tmp)
-    assert sorted(trials) == [0, 1]
-    assert trials[0].info.status == "FINISHED" and trials[0].data.params["model/net/n_heads"] == "2"
-    assert trials[1].info.status == "FAILED" and trials[1].data.params["model/net/n_heads"] == "3"
-    assert "d_model=16 must be divisible by n_heads=3" in trials[1].data.tags["error"]
-    assert parent.info.status == "FAILED" and "failed trials: 1" in parent.data.tags["error"]
-    assert parent.data.metrics["sweep/trials_failed"] == 1
+    assert sorted(trials) == list(range(6))
+    by_heads = {"2": [], "3": []}
+    for trial in trials.values():
+        by_heads[trial.data.params["model/net/n_heads"]].append(trial)
+    assert sorted(r.data.tags["family"] for r in by_heads["2"]) == ["dec_only", "enc_dec", "enc_only"]
+    assert all(r.info.status == "FINISHED" and OBJECTIVE in r.data.metrics for r in by_heads["2"])
+    assert len(by_heads["3"]) == 3
+    for trial in by_heads["3"]:
+        assert trial.info.status == "FAILED"
+        assert "d_model=16 must be divisible by n_heads=3" in trial.data.tags["error"]
+        assert trial.data.params["model/net/d_model"] == "16"
+    assert parent.data.tags["sweeper"] == "grid" and parent.info.status == "FAILED"
+    failed = sorted(int(r.data.tags["sweep_trial"]) for r in by_heads["3"])
+    assert f"failed trials: {', '.join(map(str, failed))}" in parent.data.tags["error"]
+    assert parent.data.metrics["sweep/trials_finished"] == 3 and parent.data.metrics["sweep/trials_failed"] == 3
 
 
 @pytest.mark.parametrize("model", ["enc_only", "dec_only", "enc_dec", "enc_only_forecast", "patchtst"])

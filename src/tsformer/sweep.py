@@ -3,7 +3,9 @@
 Hydra runs the sweep: its basic sweeper for grids (`-m model=enc_only,dec_only,enc_dec`),
 hydra-optuna-sweeper for `-m hparams_search=optuna`. The Hydra callback `MLflowSweep`
 (conf/hydra/default.yaml) records it in MLflow:
-- when the sweep starts, it opens the parent run (`sweep-<sweeper>`, tagged with the sweep folder,
+- when the sweep starts, it checks the tracking server (one that does not answer stops the sweep
+  before its first trial: Hydra would only warn about a callback's exception, so it exits), then
+  opens the parent run (`sweep-<sweeper>`, tagged with the sweep folder,
   the command line's overrides, the sweeper's config as an artifact) and writes its id into the sweep
   folder, where each trial finds it (`trial_tags`, read when train.py opens the trial's run).
   `mlflow.parentRunId` is what makes `mlflow ui` show the trials under their sweep;
@@ -54,7 +56,7 @@ def trial_tags() -> dict[str, str]:
     tags = {
         "sweep": str(sweep_dir),
         "sweep_trial": str(hydra_cfg.job.num),
-        "sweep_overrides": " ".join(hydra_cfg.overrides.task),
+        "sweep_overrides": " ".join(hydra_cfg.overrides.task)[:5000],  # MLflow's limit on a tag's value
     }
     parent = sweep_dir / PARENT_RUN_FILE
     if parent.exists():
@@ -99,7 +101,7 @@ class MLflowSweep(Callback):
         tags = {
             "sweep": str(sweep_dir),
             "sweeper": sweeper,
-            "sweep_overrides": " ".join(config.hydra.overrides.task),
+            "sweep_overrides": " ".join(config.hydra.overrides.task)[:5000],
             "git_commit": tracking.git_commit(),
         }
         run = self.client.create_run(_experiment_id(self.client, experiment_name), run_name=f"sweep-{sweeper}", tags=tags)
