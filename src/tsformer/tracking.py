@@ -55,6 +55,66 @@ def find_mlflow_logger(loggers) -> MLFlowLogger | None:
     return next((lg for lg in loggers if isinstance(lg, MLFlowLogger)), None)
 
 
+def mlflow_logger_entry(cfg: DictConfig) -> tuple[str, DictConfig] | None:
+    """(key, entry) of the config's MLflow logger (`logger.mlflow`), or None without one."""
+    for key, entry in (cfg.get("logger") or {}).items():
+        if isinstance(entry, DictConfig) and "tracking_uri" in entry:
+            return key, entry
+    return None
+
+
+# -- a tracking server that does not answer ---------------------------------------------------------
+
+REACHABLE_TIMEOUT_S = 10  # for the one request made before anything else (see require_reachable)
+
+
+class TrackingServerUnreachable(RuntimeError):
+    pass
+
+
+def require_reachable(uri: str | None, setting: str = "logger.mlflow.tracking_uri") -> None:
+    """Stop at once, naming the URI and the setting, when the tracking server at `uri` does not answer.
+
+    A run asks the server once before it loads data or trains: otherwise an unreachable server is
+    found when the run opens (after data loading), or, with MLflow's default retries (7, with
+    backoff: minutes per request), much later. This one request is made without retries and with a
+    short timeout; the run's own requests keep MLflow's retries, for hiccups during a long run. Only
+    http(s) URIs are checked: a local sqlite database is always there.
+    """
+    if not uri or uri.split(":", 1)[0].lower() not in ("http", "https"):
+        return
+    from mlflow import MlflowClient
+
+    with http_retries(0, REACHABLE_TIMEOUT_S):
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)  # any answer of the tracking API will do
+        except Exception as err:
+            reason = str(err).strip().splitlines()[0][:500] if str(err).strip() else type(err).__name__
+            raise TrackingServerUnreachable(
+                f"cannot use the MLflow tracking server at {uri} ({reason}). The URI comes from "
+                f"{setting} (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db): start the server, "
+                "correct the URI, or train without it (logger=csv or logger=none). Nothing was trained."
+            ) from err
+
+
+@contextmanager
+def http_retries(max_retries: int, timeout_s: int):
+    """MLflow's HTTP requests made in the block: at most `max_retries` retries (MLflow's default: 7,
+    with backoff, about 4 minutes for a server that is down) and `timeout_s` seconds each."""
+    with restore_env("MLFLOW_HTTP_REQUEST_MAX_RETRIES"), restore_env("MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(max_retries)
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+        yield
+
+
+def require_reachable_servers(cfg: DictConfig) -> None:
+    """`require_reachable` for the config's MLflow logger, if it has one."""
+    found = mlflow_logger_entry(cfg)
+    if found is not None:
+        key, entry = found
+        require_reachable(entry.tracking_uri, setting=f"logger.{key}.tracking_uri")
+
+
 def git_commit() -> str:
     """The commit of the code that ran (with '-dirty' for uncommitted changes), or 'unknown'."""
     here = Path(__file__).resolve().parent
@@ -78,10 +138,11 @@ def start_run(logger: MLFlowLogger, cfg: DictConfig, tags: dict[str, str]) -> st
     client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
+    start_system_metrics(logger, cfg.get("system_metrics"))
     return run_id
 
 
-def resume_run(logger: MLFlowLogger, tags: dict[str, str]) -> str:
+def resume_run(logger: MLFlowLogger, tags: dict[str, str], system_metrics: DictConfig | None = None) -> str:
     """Reopen the run a resumed run continues (left RUNNING by SIGKILL, or KILLED, FAILED): RUNNING
     again until it ends. Its params and config were logged when it started; they are not logged
     again (MLflow refuses a param logged twice with different values)."""
@@ -89,6 +150,7 @@ def resume_run(logger: MLFlowLogger, tags: dict[str, str]) -> str:
     client.update_run(run_id, status="RUNNING")
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
+    start_system_metrics(logger, system_metrics, resume=True)
 
     # The resumed run repeats the epoch the run was killed in, from its start: what that epoch had
     # logged already (the learning rate at its start, say) is not logged a second time at the same step.
@@ -120,10 +182,49 @@ def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
 
 def end_run(logger: MLFlowLogger, status: str) -> None:
     """Never leave a run RUNNING: FINISHED on success, KILLED when stopped by SIGTERM, FAILED on any error."""
+    stop_system_metrics(logger)
     try:
         logger.experiment.set_terminated(logger.run_id, status)
     except Exception as err:  # the tracking server may be what failed; say so, keep the first error
         log.warning("could not set the MLflow run status: %s", err)
+
+
+# -- system metrics ---------------------------------------------------------------------------------
+
+_system_monitors: dict[str, object] = {}  # run id -> the SystemMetricsMonitor logging to it
+
+
+def start_system_metrics(logger: MLFlowLogger, settings: DictConfig | None, resume: bool = False) -> None:
+    """MLflow's system metrics (CPU, memory, disk, network, and GPU with nvidia-ml-py) for the run,
+    when `system_metrics.enabled` (conf/train.yaml).
+
+    Lightning's MLFlowLogger opens the run through the client, not `mlflow.start_run`, so MLflow's
+    own switch (`start_run(log_system_metrics=True)`) never sees it: MLflow's monitor is started
+    here on the run id. It stops by itself once the run is no longer RUNNING (Lightning's logger
+    marks it FINISHED when fitting ends), at `end_run` at the latest. A background thread samples every
+    `sampling_interval` seconds and logs the mean of `samples_before_logging` samples as one step
+    (`system/cpu_utilization_percentage`, ...); a resumed run continues its steps.
+    """
+    if not settings or not settings.get("enabled"):
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        logger.run_id,
+        sampling_interval=float(settings.sampling_interval),
+        samples_before_logging=int(settings.samples_before_logging),
+        resume_logging=resume,
+        tracking_uri=logger.experiment.tracking_uri,
+    )
+    monitor.start()
+    _system_monitors[logger.run_id] = monitor
+
+
+def stop_system_metrics(logger: MLFlowLogger) -> None:
+    """Stop the run's monitor and log what it holds (no-op without one)."""
+    monitor = _system_monitors.pop(logger.run_id, None)
+    if monitor is not None:
+        monitor.finish()
 
 
 def log_pyfunc_model(

@@ -36,7 +36,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import resume, tracking
+from tsformer import resume, sweep, tracking
 from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_csv
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
@@ -92,6 +92,7 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
+    tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
     if resumed is not None:
         # The original run's config, output folder included (not Hydra's new one): the checkpoints
@@ -244,13 +245,14 @@ def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Res
     last.ckpt there, even after SIGKILL). A resumed run: its original MLflow run, reopened."""
     if resumed is None:
         tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
+        tags.update(sweep.trial_tags())  # in a sweep: its folder, the trial, the sweep's parent run
         tags["output_dir"] = str(cfg.paths.output_dir)
         if trainer.checkpoint_callback:
             tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
         tracking.start_run(logger, cfg, tags)
     else:
         tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
-        tracking.resume_run(logger, tags)
+        tracking.resume_run(logger, tags, cfg.get("system_metrics"))
     # in the log from the start: the id to resume the run with if it is killed
     log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 

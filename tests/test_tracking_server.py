@@ -1,0 +1,134 @@
+"""A real tracking server: `mlflow server` (sqlite backend store, artifacts proxied to a local folder)
+started as a subprocess; a run logs to it over HTTP and is read back through the client. A server
+that does not answer stops a run at once, with a message naming the URI and the setting."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow import MlflowClient
+
+from conftest import REPO, TINY
+from tsformer.tracking import TrackingServerUnreachable
+from tsformer.train import compose_config, run
+
+SERVER_START_S = 180  # the server's start, on a shared 2-core machine: a hang guard, not a benchmark
+
+
+def free_port() -> int:
+    """A port nothing listens on (the OS picks it; it is released at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_healthy(uri: str, server: subprocess.Popen, log_path) -> None:
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"mlflow server exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"mlflow server did not answer {uri}/health within {SERVER_START_S} s:\n{log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def tracking_server(tmp_path):
+    """`mlflow server` on 127.0.0.1:<free port>; yields (URI, its artifacts folder); stopped at the end."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+        "--default-artifact-root", "mlflow-artifacts:/",  # artifacts go through the server...
+        "--artifacts-destination", str(folder / "artifacts"),  # ...which stores them here
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    # without the server's job runner (GenAI jobs: seven more processes, nothing this project uses)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log_path = folder / "server.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until_healthy(uri, server, log_path)
+        yield uri, folder / "artifacts"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the CLI and the uvicorn worker it started
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_run_logs_to_a_tracking_server(tracking_server, in_tmp):
+    uri, artifacts = tracking_server
+    result = run(compose_config([*TINY, f"logger.mlflow.tracking_uri={uri}"], in_tmp / "out"))
+
+    client = MlflowClient(uri)
+    run_ = client.get_run(result.run_id)
+    assert run_.info.status == "FINISHED"
+    assert run_.info.artifact_uri.startswith("mlflow-artifacts:/")  # stored by the server, not by us
+    for name, value in result.metrics.items():
+        assert run_.data.metrics[name] == pytest.approx(value), name
+    assert "val/mse" in run_.data.metrics and len(client.get_metric_history(result.run_id, "train/loss")) >= 1
+    assert run_.data.params["model/net/d_model"] == "16"
+
+    listed = {a.path for folder in ("", "forecasts", "model", "checkpoints", "plots") for a in client.list_artifacts(result.run_id, folder)}
+    for path in ["forecasts/forecasts.csv", "model/MLmodel", "checkpoints/best.ckpt", "plots/test_windows.png"]:
+        assert path in listed, (path, listed)
+    downloaded = client.download_artifacts(result.run_id, "forecasts/forecasts.csv", str(in_tmp / "download"))
+    assert filecmp.cmp(downloaded, result.csv_path, shallow=False)  # the CSV, byte for byte, via the server
+    stored = list(artifacts.rglob("forecasts.csv"))
+    assert len(stored) == 1 and result.run_id in str(stored[0])  # in the server's artifact folder
+    assert not (in_tmp / "mlflow.db").exists() and not (in_tmp / "mlruns").exists()  # nothing logged locally
+
+
+def test_unreachable_server_stops_the_run_at_once(in_tmp, monkeypatch):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = compose_config([*TINY, f"logger.mlflow.tracking_uri={uri}"], in_tmp / "out")
+
+    def built_first(*args, **kwargs):
+        raise AssertionError("data or model built before the tracking server was checked")
+
+    monkeypatch.setattr("tsformer.train.instantiate", built_first)
+    start = time.perf_counter()
+    with pytest.raises(TrackingServerUnreachable) as err:
+        run(cfg)
+    assert time.perf_counter() - start < 60  # a hang guard: MLflow's default retries take minutes
+    message = str(err.value)
+    assert uri in message and "logger.mlflow.tracking_uri" in message and "MLFLOW_TRACKING_URI" in message
+
+
+def test_unreachable_server_stops_a_sweep_before_its_first_trial(in_tmp):
+    """From the command line, the URI given by $MLFLOW_TRACKING_URI, in a sweep: Hydra turns a
+    callback's exception into a warning and goes on, and the sweep must stop all the same."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO / "src")}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "model=enc_only,dec_only", *TINY, f"hydra.sweep.dir={in_tmp / 'sweep'}"],
+        cwd=in_tmp, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert time.perf_counter() - start < 120  # a hang guard (includes the imports of a fresh process)
+    assert proc.returncode == 1
+    output = proc.stdout + proc.stderr
+    assert f"cannot use the MLflow tracking server at {uri}" in output and "logger.mlflow.tracking_uri" in output
+    assert "Launching" not in output  # no trial started
+    assert not list((in_tmp / "sweep").glob("*/train.log"))
