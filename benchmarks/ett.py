@@ -205,6 +205,7 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
         "mse": result.metrics["test/mse"],
         "mae": result.metrics["test/mae"],
         "train_s": result.fit_seconds,
+        "steps": result.train_steps,
         "params": result.n_params,
         "test_windows": n_windows,
         "persistence_mse_ours": result.metrics["test/baseline_mse"],
@@ -507,7 +508,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny models, 3 batches: checks the script runs")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override for our rows (repeatable), e.g. --override data.batch_size=128; "
-                        "recorded in RESULTS.md's command line")
+                        "recorded in RESULTS.md's command line; our rows only (the peers keep the script's budget)")
     parser.add_argument("--results", type=Path, default=None, help="where to write the table (default benchmarks/RESULTS.md; --quick: none)")
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--throughput-models", default=",".join(THROUGHPUT_MODELS))
@@ -556,7 +557,10 @@ def main() -> None:
                     if m in PEERS and not have_nf:
                         continue
                     row = run_ours(m, d, L, H, args, out_root) if m in OURS else run_peer(m, d, L, H, dm, steps, args)
-                    row.update(model=m, dataset=d, L=L, H=H, steps=steps, expected_windows=protocol_test_windows(d, H))
+                    # steps: our rows, the optimizer steps made (early stopping, --override data.batch_size);
+                    # peers, their fixed budget (max_steps, no early stopping)
+                    row.setdefault("steps", steps)
+                    row.update(model=m, dataset=d, L=L, H=H, expected_windows=protocol_test_windows(d, H))
                     row.setdefault("persistence_mse_ours", p_mse)
                     if m in PEERS and not np.isclose(row["persistence_mse_peer_side"], p_mse, rtol=1e-5):
                         raise RuntimeError(f"{m}: persistence MSE {row['persistence_mse_peer_side']} on the peer's side, {p_mse} on ours")
@@ -566,7 +570,7 @@ def main() -> None:
                     measured.append(row)
                     print(f"\n{m} {d} L={L} H={H}: mse {row['mse']:.4f} mae {row['mae']:.4f}, "
                           f"{row['test_windows']} test windows (protocol {row['expected_windows']}, ours {n_ours}), "
-                          f"{steps} steps, {row['train_s']:.1f} s", flush=True)
+                          f"{row['steps']} steps, {row['train_s']:.1f} s", flush=True)
                     if results is not None:  # after every row: an interrupted run leaves its rows and the pending list
                         write_results(results, measured, grid, args, stamp)
     print(f"\n{stamp}, {machine()}\n")

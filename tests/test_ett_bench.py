@@ -51,6 +51,7 @@ def test_quick_run_writes_results_rows(tmp_path):
     cmd = [
         sys.executable, str(REPO / "benchmarks" / "ett.py"), "--quick", "--models", "tsformer-enc_only_forecast",
         "--datasets", "ETTh1", "--lookbacks", "96", "--horizons", "96", "--results", str(results),
+        "--override", "trainer.limit_train_batches=2",  # fewer steps than the --quick budget of 3
     ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -71,4 +72,6 @@ def test_quick_run_writes_results_rows(tmp_path):
     detail = next(r for r in details if r["model"] == "tsformer-enc_only_forecast")
     assert detail["test_windows"] == detail["expected_windows"] == "2785"  # every rolling origin of the test period
     assert float(detail["persistence_mse_ours"]) > 0
+    assert detail["steps"] == "2"  # the optimizer steps the run made, not the budget
+    assert "--override trainer.limit_train_batches=2" in results.read_text()  # the command line, recorded
     assert "2785 test windows (protocol 2785" in out.stdout

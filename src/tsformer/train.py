@@ -85,6 +85,7 @@ class RunResult:
     run_id: str | None
     n_params: int
     fit_seconds: float
+    train_steps: int  # optimizer steps the fit made (early stopping may end it before max_epochs)
 
 
 def run(cfg: DictConfig) -> RunResult | None:
@@ -199,6 +200,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         run_id=mlflow_logger.run_id if mlflow_logger is not None else None,
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
+        train_steps=trainer.global_step,
     )
 
 
