@@ -293,14 +293,16 @@ class WindowTask(L.LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true, valid = self.true_target(batch), self.target_valid(batch)  # (B, T, Dy), (B, T)
+        baseline_preds = {b.name: b.predict(batch) for b in self.baselines}
         quantiles = {}
-        if self.head.probabilistic:
-            dists = {"model": self.forecast_distribution(batch), "baseline": self.prob_baseline.forecast(batch)}
+        if self.head.probabilistic:  # the probabilistic baseline spreads the naive baseline's forecast
+            naive = baseline_preds[self.baselines[0].name]
+            dists = {"model": self.forecast_distribution(batch), "baseline": self.prob_baseline.forecast(batch, naive)}
             quantiles = {who: self._score_distribution(who, dist, true, valid) for who, dist in dists.items()}
             model_point = dists["model"].point()
         else:
             model_point = self.forecast(batch)
-        preds = {"model": model_point} | {b.name: b.predict(batch) for b in self.baselines}
+        preds = {"model": model_point} | baseline_preds
         true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
         for name, pred in preds.items():
             pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())

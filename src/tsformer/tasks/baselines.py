@@ -166,8 +166,9 @@ class ErrorQuantiles:
             self._cache[key] = q.movedim(0, -1).float()  # (T, Dy, K)
         return self._cache[key]
 
-    def forecast(self, batch: dict) -> QuantileFunctionForecast:
-        point = self.point_baseline.predict(batch)  # (B, T, Dy)
+    def forecast(self, batch: dict, point: torch.Tensor | None = None) -> QuantileFunctionForecast:
+        """`point`: the point baseline's forecast of `batch` `(B, T, Dy)`, when the caller has it already."""
+        point = self.point_baseline.predict(batch) if point is None else point  # (B, T, Dy)
 
         def quantiles(levels):
             return point.unsqueeze(-1) + self.error_quantiles(levels).to(point.device, point.dtype)  # (B, T, Dy, K)
