@@ -23,12 +23,16 @@ def split_channels(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 1).reshape(B * C, T, 1)  # (B, C, T) -> (B * C, T, 1)
 
 
-def merge_channels(x: torch.Tensor, n_channels: int) -> torch.Tensor:
-    """`(B * C, T, 1)` -> `(B, T, C)`, the inverse of `split_channels`."""
-    BC, T, one = x.shape
-    if one != 1 or BC % n_channels != 0:
-        raise ValueError(f"expected ({n_channels} * B, T, 1) channel series, got {tuple(x.shape)}")
-    return x.reshape(BC // n_channels, n_channels, T).permute(0, 2, 1)  # (B, C, T) -> (B, T, C)
+def merge_channels(x: torch.Tensor, n_channels: int, channel_dim: int = -1) -> torch.Tensor:
+    """`(B * C, T, 1)` -> `(B, T, C)`, the inverse of `split_channels`. More generally the channel
+    series' singleton channel axis may sit anywhere after the batch (`channel_dim`) among other axes,
+    e.g. a head's parameters `(B * C, T, 1, P)` -> `(B, T, C, P)` with channel_dim=-2, or sampled
+    paths `(B * C, S, T, 1)` -> `(B, S, T, C)`."""
+    dim = channel_dim % x.dim()
+    if dim == 0 or x.shape[dim] != 1 or x.shape[0] % n_channels != 0:
+        raise ValueError(f"expected {n_channels} * B channel series with a channel axis of 1 at {channel_dim}, got {tuple(x.shape)}")
+    y = x.reshape(x.shape[0] // n_channels, n_channels, *x.shape[1:])  # (B, C, ..., 1, ...)
+    return y.squeeze(dim + 1).movedim(1, dim)  # the C series' axis where the singleton was
 
 
 def repeat_per_channel(x: torch.Tensor, n_channels: int) -> torch.Tensor:

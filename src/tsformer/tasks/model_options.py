@@ -80,8 +80,7 @@ class NetworkView:
         params = self.params_to_data_units(params, head)
         if not self.channel_independent:
             return params
-        BC, T, _, P = params.shape
-        return params.reshape(BC // self.d_target, self.d_target, T, P).transpose(1, 2)  # (B, Dy, T, P) -> (B, T, Dy, P)
+        return merge_channels(params, self.d_target, channel_dim=-2)  # (B * Dy, T, 1, P) -> (B, T, Dy, P)
 
     def paths_to_batch_layout(self, paths: torch.Tensor) -> torch.Tensor:
         """Sampled target paths `(B', S, T, Dy')` -> `(B, S, T, Dy)` in the data's units."""
@@ -89,8 +88,7 @@ class NetworkView:
             paths = self.scale.denormalise(paths.movedim(1, 0)).movedim(0, 1)  # (S, B', T, Dy'): loc, scale broadcast
         if not self.channel_independent:
             return paths
-        BC, S, T, _ = paths.shape
-        return paths.reshape(BC // self.d_target, self.d_target, S, T).permute(0, 2, 3, 1)  # (B, Dy, S, T) -> (B, S, T, Dy)
+        return merge_channels(paths, self.d_target)  # (B * Dy, S, T, 1) -> (B, S, T, Dy)
 
 
 class ModelOptions(nn.Module):
