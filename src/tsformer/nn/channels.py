@@ -30,7 +30,9 @@ def merge_channels(x: torch.Tensor, n_channels: int, channel_dim: int = -1) -> t
     paths `(B * C, S, T, 1)` -> `(B, S, T, C)`."""
     dim = channel_dim % x.dim()
     if dim == 0 or x.shape[dim] != 1 or x.shape[0] % n_channels != 0:
-        raise ValueError(f"expected {n_channels} * B channel series with a channel axis of 1 at {channel_dim}, got {tuple(x.shape)}")
+        raise ValueError(
+            f"expected {n_channels} * B channel series with a channel axis of 1 at {channel_dim}, got {tuple(x.shape)}"
+        )
     y = x.reshape(x.shape[0] // n_channels, n_channels, *x.shape[1:])  # (B, C, ..., 1, ...)
     return y.squeeze(dim + 1).movedim(1, dim)  # the C series' axis where the singleton was
 
