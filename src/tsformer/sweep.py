@@ -82,7 +82,7 @@ class MLflowSweep(Callback):
             return
         uri, experiment_name, _ = settings
         try:
-            tracking.require_reachable(uri, setting=_uri_setting(config))
+            tracking.require_reachable_servers(config)  # the check every run makes, once for the sweep
         except tracking.TrackingServerUnreachable as err:
             # Hydra turns a callback's exceptions into warnings and goes on; an exit stops the sweep now
             log.error("%s", err)
@@ -224,11 +224,6 @@ def _mlflow_settings(config: DictConfig) -> tuple[str, str, str | None] | None:
         return None
     _, entry = found
     return tracking.absolute_sqlite_uri(entry.tracking_uri), entry.experiment_name, entry.get("run_name")
-
-
-def _uri_setting(config: DictConfig) -> str:
-    found = tracking.mlflow_logger_entry(config)
-    return f"logger.{found[0]}.tracking_uri" if found else "logger.mlflow.tracking_uri"
 
 
 def _sweeper_name(config: DictConfig) -> str:
