@@ -28,7 +28,9 @@ sampled trajectories (autoregressive families) the point value is the mean or th
 paths at each step (`point`), see `tasks/probabilistic.py`.
 
 Every head also carries the evaluation settings: `levels` (the quantile columns of the forecasts
-CSV) and `num_samples` (paths per window for the autoregressive families).
+CSV), `num_samples` (paths per window for the autoregressive families) and `calibrate` (widen or
+narrow the spread per step so that the central 80% interval covers 80% of the validation windows,
+`tasks/probabilistic.py`).
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ class Head:
     probabilistic = True
     default_point = "mean"
 
-    def __init__(self, levels=(0.1, 0.5, 0.9), num_samples: int = 100, point: str | None = None):
+    def __init__(
+        self, levels=(0.1, 0.5, 0.9), num_samples: int = 100, point: str | None = None, calibrate: bool = True
+    ):
         self.levels = check_levels(levels, "model.head.levels")
+        self.calibrate = bool(calibrate)
         if int(num_samples) < 2:
             raise ValueError(f"model.head.num_samples must be at least 2, got {num_samples}")
         self.num_samples = int(num_samples)

@@ -18,7 +18,8 @@ lives here once:
 - with a distribution head, the probabilistic test metrics (`test/crps`, `test/pinball`,
   `test/coverage_80`, `test/width_80`, and `test/crps_orig`, `test/width_80_orig` in original units)
   of the model and of the probabilistic baseline (`test/baseline_*`, `ErrorQuantiles`), and the
-  quantiles of every window for the CSV. The point value `y_pred` (and `test/mse`...) is the
+  quantiles of every window for the CSV. Before the test, the spread is calibrated on the validation
+  windows (`calibrate_spread`, `model.head.calibrate`; `spread_scale`, saved with the weights). The point value `y_pred` (and `test/mse`...) is the
   distribution's mean or median (`model.head.point`). The autoregressive families sample
   `model.head.num_samples` trajectories per test window; their validation (`val/mse`, the checkpoint
   metric) uses one deterministic rollout that feeds back the point value, as cheap as a point model's.
@@ -41,7 +42,16 @@ from tsformer.nn.attention import collect_attention, stack_query_rows
 from tsformer.nn.heads import build_head
 from tsformer.tasks.baselines import ErrorQuantiles, Persistence
 from tsformer.tasks.model_options import ModelOptions
-from tsformer.tasks.probabilistic import BAND_LEVELS, Forecast, SampleForecast, head_forecast, scores
+from tsformer.tasks.probabilistic import (
+    BAND_LEVELS,
+    CENTRAL_80_COVERAGE,
+    Forecast,
+    SampleForecast,
+    conformal_spread_scale,
+    head_forecast,
+    scores,
+    spread_needed,
+)
 from tsformer.tasks.static import StaticCovariates
 
 PROB_METRICS = ("crps", "pinball", "coverage_80", "width_80", "crps_orig", "width_80_orig")
@@ -131,6 +141,10 @@ class WindowTask(L.LightningModule):
             )
             # the quantiles kept for the export and the fan chart: the configured ones and the bands
             self.report_levels = sorted(set(self.head.levels) | set(BAND_LEVELS))
+            # the spread factor per output step and target variable (calibrate_spread); 1 = as trained
+            out_len = horizon if horizon > 0 else context_len
+            self.register_buffer("spread_scale", torch.ones(out_len, d_target))
+            self.calibration: dict[str, float] = {}
         self.prob_baseline: ErrorQuantiles | None = None
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
@@ -194,14 +208,43 @@ class WindowTask(L.LightningModule):
     def loss(self, batch: dict) -> torch.Tensor:
         return self.training_loss(self.static.append_to_known(batch))
 
-    def forecast_distribution(self, batch: dict) -> Forecast:
+    def forecast_distribution(self, batch: dict, calibrated: bool = True) -> Forecast:
         """The probabilistic forecast of a batch as it comes from the data (data's scaled units):
-        sampled paths for the autoregressive families, the head's marginals for the others."""
+        sampled paths for the autoregressive families, the head's marginals for the others; with
+        the spread calibration applied (`calibrated`, when one was fitted)."""
         net_batch, view = self.options.enter(self.static.append_to_known(batch))
         if self.autoregressive:
             paths = self.sample_paths(net_batch, self.head.num_samples)  # (B', S, M, Dy')
-            return SampleForecast(view.paths_to_batch_layout(paths), self.head.point_kind)
-        return head_forecast(self.head, view.params_to_batch_layout(self.predict_params(net_batch), self.head))
+            dist = SampleForecast(view.paths_to_batch_layout(paths), self.head.point_kind)
+        else:
+            dist = head_forecast(self.head, view.params_to_batch_layout(self.predict_params(net_batch), self.head))
+        if calibrated and bool((self.spread_scale != 1).any()):
+            dist = dist.with_spread_scale(self.spread_scale.to(batch["hist_target"].dtype))
+        return dist
+
+    @torch.no_grad()
+    def calibrate_spread(self, datamodule) -> None:
+        """Fit `spread_scale` on every validation window (`tasks/probabilistic.py`): per step and
+        target variable, the factor about the median that makes the central 80% interval cover 80%
+        of them. Without `model.head.calibrate`, the spread stays as trained (factor 1)."""
+        self.spread_scale.fill_(1.0)
+        if not self.head.calibrate:
+            return
+        needed = []
+        for batch in datamodule.val_dataloader():
+            batch = self.transfer_batch_to_device(batch, self.device, 0)
+            factors = spread_needed(self.forecast_distribution(batch, calibrated=False), self.true_target(batch))
+            not_scored = ~self.target_valid(batch).unsqueeze(-1)  # (B, T, 1): filled steps
+            needed.append(factors.masked_fill(not_scored, float("nan")).cpu())
+        needed = torch.cat(needed)  # (W_val, T, Dy)
+        scale = conformal_spread_scale(needed, CENTRAL_80_COVERAGE)  # (T, Dy)
+        self.spread_scale.copy_(scale)
+        scored = needed[~needed.isnan()]
+        self.calibration = {  # logged with the test metrics
+            "calibration/val_coverage_80_as_trained": float((scored <= 1).float().mean()),
+            "calibration/spread_scale_first_step": float(scale[0].mean()),
+            "calibration/spread_scale_last_step": float(scale[-1].mean()),
+        }
 
     def forecast_with_quantiles(self, batch: dict, levels) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(point (B, T_out, Dy), quantiles (B, T_out, Dy, K) at levels or None for a point head)`,
@@ -290,6 +333,7 @@ class WindowTask(L.LightningModule):
         if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
             self.prob_baseline.fit_errors(self.trainer.datamodule)
+            self.calibrate_spread(self.trainer.datamodule)  # the model's own spread, on the same windows
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true, valid = self.true_target(batch), self.target_valid(batch)  # (B, T, Dy), (B, T)
@@ -358,6 +402,7 @@ class WindowTask(L.LightningModule):
                 for name, metric in metrics.items():
                     values[f"{prefix}{name}"] = metric.compute()
                     metric.reset()
+            values.update(self.calibration)
         self.log_dict(values)
         chunks = self._test_chunks
         order = torch.cat([c["window"] for c in chunks]).argsort()

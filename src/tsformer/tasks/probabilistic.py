@@ -17,10 +17,20 @@ Scores (per element, then averaged over the valid steps by the task):
   twice the pinball loss, and this midpoint rule equals the energy form of the n grid quantiles.
 - pinball loss averaged over the configured levels (`model.head.levels`);
 - coverage and width of the central 80% interval [q0.1, q0.9], whatever the configured levels.
+
+Spread calibration (`model.head.calibrate`, on by default): a model trained on one-step
+likelihoods and fed its own draws is rarely calibrated many steps ahead. After training, every
+forecast is widened (or narrowed) about its median by a factor per step and target variable,
+`median + c[t, d] (x - median)`, with c the smallest factor that makes the central 80% interval
+cover 80% of the validation windows (a conformal quantile of the factors each window needs:
+`spread_needed`, `conformal_spread_scale`). Sampled paths are rescaled as whole paths, so a draw
+above the median stays above it at every step. Fitted on the validation split only, stored with
+the weights (the task's `spread_scale` buffer), applied to every later forecast.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +40,7 @@ from tsformer.nn.heads import pinball_loss
 
 CRPS_GRID = [(i + 0.5) / 100 for i in range(100)]  # midpoints of 100 equal slices of (0, 1)
 CENTRAL_80 = (0.1, 0.9)
+CENTRAL_80_COVERAGE = CENTRAL_80[1] - CENTRAL_80[0]  # what the spread calibration aims at
 BAND_LEVELS = [0.1, 0.25, 0.5, 0.75, 0.9]  # the fan chart's 80% and 50% bands and median
 
 
@@ -83,6 +94,10 @@ class Forecast:
         """`(B, T, Dy)`."""
         raise NotImplementedError
 
+    def with_spread_scale(self, scale: torch.Tensor) -> Forecast:
+        """The forecast widened about its median by `scale (T, Dy)` (> 1 wider, < 1 narrower)."""
+        raise NotImplementedError
+
 
 @dataclass
 class SampleForecast(Forecast):
@@ -110,6 +125,10 @@ class SampleForecast(Forecast):
     def crps(self, y):
         return crps_from_samples(self.samples, y, self.ordered)
 
+    def with_spread_scale(self, scale):
+        median = self.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, Dy)
+        return SampleForecast(median + scale * (self.samples - median), self.point_kind)  # (B, S, T, Dy)
+
 
 @dataclass
 class QuantileFunctionForecast(Forecast):
@@ -125,10 +144,52 @@ class QuantileFunctionForecast(Forecast):
     def crps(self, y):
         return crps_from_quantiles(self.quantiles(CRPS_GRID), y)
 
+    def with_spread_scale(self, scale):
+        def median():
+            return self.quantile_fn([0.5])  # (B, T, Dy, 1)
+
+        def quantiles(levels):
+            m = median()
+            return m + scale.unsqueeze(-1) * (self.quantile_fn(levels) - m)  # (B, T, Dy, K)
+
+        def point():
+            m = median()[..., 0]
+            return m + scale * (self.point_fn() - m)  # (B, T, Dy)
+
+        return QuantileFunctionForecast(quantiles, point)
+
 
 def head_forecast(head, params: torch.Tensor) -> QuantileFunctionForecast:
     """The marginal forecast of a head's parameters `(B, T, Dy, P)` (data's scaled units)."""
     return QuantileFunctionForecast(lambda levels: head.quantiles(params, levels), lambda: head.point(params))
+
+
+def spread_needed(forecast: Forecast, y: torch.Tensor) -> torch.Tensor:
+    """Per element `(B, T, Dy)`, the smallest factor c for which the central 80% interval widened
+    about the median by c, `[m - c (m - q0.1), m + c (q0.9 - m)]`, holds the truth y."""
+    q = forecast.quantiles([CENTRAL_80[0], 0.5, CENTRAL_80[1]])  # (B, T, Dy, 3)
+    lo, med, hi = q.unbind(-1)
+    above = y >= med
+    gap = torch.where(above, y - med, med - y)  # >= 0
+    half_width = torch.where(above, hi - med, med - lo).clamp_min(torch.finfo(q.dtype).tiny)
+    return gap / half_width
+
+
+def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_COVERAGE) -> torch.Tensor:
+    """`(W, T, Dy)` factors needed by W validation windows (NaN on steps not scored) -> `(T, Dy)`:
+    per step and variable, the ceil((n + 1) coverage)-th smallest of its n values (the split-
+    conformal quantile: with exchangeable windows, a new window is covered with probability >=
+    coverage); the largest value where n is too small for that, 1 (no change) where n = 0."""
+    W, T, D = needed.shape
+    scale = torch.ones(T, D, dtype=needed.dtype)
+    for t in range(T):
+        for d in range(D):
+            values = needed[:, t, d]
+            values = values[~values.isnan()].sort().values
+            n = len(values)
+            if n:
+                scale[t, d] = values[min(n, math.ceil((n + 1) * coverage)) - 1]
+    return scale
 
 
 def scores(forecast: Forecast, y: torch.Tensor, levels) -> dict[str, torch.Tensor]:

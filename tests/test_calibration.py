@@ -1,0 +1,116 @@
+"""Spread calibration (`model.head.calibrate`): the conformal factor per step, what it does to a
+forecast that is too sharp or too wide, and that a trained model carries it into its model folder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from conftest import TINY
+from tsformer.forecaster import Forecaster
+from tsformer.tasks.probabilistic import (
+    QuantileFunctionForecast,
+    SampleForecast,
+    conformal_spread_scale,
+    scores,
+    spread_needed,
+)
+from tsformer.train import compose_config, run
+
+
+def gaussian_forecast(loc: torch.Tensor, sd: torch.Tensor) -> QuantileFunctionForecast:
+    """Normal(loc, sd) marginals, `(B, T, D)` each."""
+    normal = torch.distributions.Normal(0.0, 1.0)
+
+    def quantiles(levels):
+        return loc.unsqueeze(-1) + sd.unsqueeze(-1) * normal.icdf(torch.tensor(levels))  # (B, T, D, K)
+
+    return QuantileFunctionForecast(quantiles, lambda: loc)
+
+
+def test_conformal_factor_is_the_split_conformal_order_statistic():
+    needed = torch.arange(1.0, 11.0)[torch.randperm(10)].view(10, 1, 1)  # 1..10 in any order, one step
+    assert conformal_spread_scale(needed, 0.8).item() == 9.0  # ceil(11 * 0.8) = 9th smallest
+    with_gaps = torch.cat([needed, torch.full((5, 1, 1), float("nan"))])  # steps not scored are left out
+    assert conformal_spread_scale(with_gaps, 0.8).item() == 9.0
+    few = torch.tensor([3.0, 1.0]).view(2, 1, 1)  # ceil(3 * 0.8) = 3 > n: the largest
+    assert conformal_spread_scale(few, 0.8).item() == 3.0
+    assert conformal_spread_scale(torch.full((4, 1, 1), float("nan")), 0.8).item() == 1.0  # nothing scored
+
+
+@pytest.mark.parametrize("true_sd_per_forecast_sd", [2.5, 0.3])  # a forecast too sharp, then too wide
+def test_calibration_on_validation_gives_80_percent_coverage_on_new_windows(true_sd_per_forecast_sd):
+    gen = torch.Generator().manual_seed(0)
+    T, D = 6, 2
+    sd = torch.linspace(0.5, 1.5, T).view(1, T, 1).expand(1, T, D)  # the forecast's spread grows with the step
+    growth = torch.linspace(1.0, 2.0, T).view(1, T, 1)  # and the truth's even faster (too sharp far ahead)
+
+    def windows(n):
+        loc = torch.randn(n, T, D, generator=gen)
+        truth = loc + true_sd_per_forecast_sd * growth * sd * torch.randn(n, T, D, generator=gen)
+        return gaussian_forecast(loc, sd.expand(n, T, D)), truth
+
+    val_forecast, val_truth = windows(2000)
+    scale = conformal_spread_scale(spread_needed(val_forecast, val_truth))  # (T, D)
+    test_forecast, test_truth = windows(4000)
+    raw = scores(test_forecast, test_truth, [0.5])["coverage_80"].mean(dim=0)  # (T, D)
+    calibrated_forecast = test_forecast.with_spread_scale(scale)
+    calibrated = scores(calibrated_forecast, test_truth, [0.5])["coverage_80"].mean(dim=0)
+    # as trained: the coverage is far from 0.8 at every step; calibrated: within sampling error
+    assert ((raw - 0.8).abs() > 0.1).all()
+    assert ((calibrated - 0.8).abs() < 0.03).all(), calibrated
+    # the CRPS is better too: the spread is what it should be
+    raw_crps = test_forecast.crps(test_truth).mean()
+    assert calibrated_forecast.crps(test_truth).mean() < raw_crps
+    # the median and the point value are left where they were (symmetric marginals)
+    assert torch.allclose(calibrated_forecast.quantiles([0.5]), test_forecast.quantiles([0.5]), atol=1e-6)
+    assert torch.allclose(calibrated_forecast.point(), test_forecast.point(), atol=1e-6)
+
+
+def test_sampled_paths_are_rescaled_whole_about_the_median():
+    gen = torch.Generator().manual_seed(1)
+    samples = torch.randn(3, 51, 4, 2, generator=gen).cumsum(dim=2)  # (B, S, T, D) random walks
+    scale = torch.tensor([[0.5, 2.0], [1.0, 3.0], [1.5, 1.0], [2.0, 0.7]])  # (T, D)
+    dist = SampleForecast(samples)
+    rescaled = dist.with_spread_scale(scale)
+    levels = [0.1, 0.25, 0.5, 0.9]
+    median = dist.quantiles([0.5])  # (B, T, D, 1)
+    expected = median + scale.unsqueeze(-1) * (dist.quantiles(levels) - median)
+    assert torch.allclose(rescaled.quantiles(levels), expected, atol=1e-5)
+    # each path keeps its side of the median at every step (its rank among the paths)
+    above = samples > median[..., 0].unsqueeze(1)
+    assert torch.equal(rescaled.samples > median[..., 0].unsqueeze(1), above)
+
+
+def coverage_by_step(task, datamodule, split: str) -> torch.Tensor:
+    covered = []
+    with torch.no_grad():
+        for batch in getattr(datamodule, f"{split}_dataloader")():
+            per_element = scores(task.forecast_distribution(batch), batch["fut_target"], [0.5])["coverage_80"]
+            covered.append(per_element)
+    return torch.cat(covered).mean(dim=0)  # (T, Dy)
+
+
+def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_tmp):
+    overrides = ["model=enc_only_forecast", "head=gaussian", *TINY, "logger=none"]
+    result = run(compose_config(overrides, in_tmp / "out"))
+    task = Forecaster.load(result.model_folder).task  # the factors come back with the weights
+    assert task.spread_scale.shape == (task.hparams.horizon, task.hparams.d_target)
+    assert (task.spread_scale != 1).all()
+    dm = instantiate(compose_config(overrides, in_tmp / "check").data)
+    dm.setup()
+    n_val = dm.n_windows("val")
+    k = math.ceil((n_val + 1) * 0.8)
+    # on the validation windows, every step covers exactly the conformal share (continuous scores)
+    val_coverage = coverage_by_step(task, dm, "val")
+    assert torch.allclose(val_coverage, torch.full_like(val_coverage, k / n_val), atol=1.5 / n_val), val_coverage
+    assert np.isclose(result.metrics["test/coverage_80"], coverage_by_step(task, dm, "test").mean().item(), atol=1e-6)
+
+    uncalibrated = run(compose_config([*overrides, "model.head.calibrate=false"], in_tmp / "raw"))
+    assert (Forecaster.load(uncalibrated.model_folder).task.spread_scale == 1).all()
+    assert uncalibrated.metrics["test/mse"] == pytest.approx(result.metrics["test/mse"])  # the same network
+    assert uncalibrated.metrics["test/coverage_80"] != pytest.approx(result.metrics["test/coverage_80"])
