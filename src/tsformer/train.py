@@ -159,7 +159,9 @@ def run(cfg: DictConfig) -> RunResult | None:
             if tester is None:
                 return None
             tester.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
-            metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.startswith("test/")}
+            metrics = {
+                k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))
+            }
 
             outputs = task.test_outputs
             forecasts = baseline = csv_path = None
@@ -332,6 +334,13 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
     for name in names:
         keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
+    if "calibration/val_coverage_80_as_trained" in metrics:
+        lines.append(
+            "spread calibrated on the validation windows: their 80% interval covered "
+            f"{metrics['calibration/val_coverage_80_as_trained']:.3f} as trained; spread x"
+            f"{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
+            f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last (model.head.calibrate)"
+        )
     lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
     ref = logger.run_id if logger is not None else model_folder.resolve()
     lines.append(f"forecast new data: python predict.py {ref} <table.csv> --output forecasts.csv")

@@ -180,7 +180,7 @@ def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_CO
     per step and variable, the ceil((n + 1) coverage)-th smallest of its n values (the split-
     conformal quantile: with exchangeable windows, a new window is covered with probability >=
     coverage); the largest value where n is too small for that, 1 (no change) where n = 0."""
-    W, T, D = needed.shape
+    _, T, D = needed.shape
     scale = torch.ones(T, D, dtype=needed.dtype)
     for t in range(T):
         for d in range(D):
