@@ -1,5 +1,6 @@
 """Spread calibration (`model.head.calibrate`): the conformal factor per step, what it does to a
-forecast that is too sharp or too wide, and that a trained model carries it into its model folder."""
+forecast that is too sharp or too wide, the rolling factor that only reads truths known at the
+origin, and that a trained model carries its factors into its model folder."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tsformer.forecaster import Forecaster
 from tsformer.tasks.probabilistic import (
     QuantileFunctionForecast,
     SampleForecast,
+    SpreadCalibration,
     conformal_spread_scale,
     scores,
     spread_needed,
@@ -81,9 +83,57 @@ def test_sampled_paths_are_rescaled_whole_about_the_median():
     median = dist.quantiles([0.5])  # (B, T, D, 1)
     expected = median + scale.unsqueeze(-1) * (dist.quantiles(levels) - median)
     assert torch.allclose(rescaled.quantiles(levels), expected, atol=1e-5)
+    per_window = scale.expand(3, 4, 2)  # (B, T, D): the same factor given per window
+    assert torch.allclose(dist.with_spread_scale(per_window).samples, rescaled.samples)
     # each path keeps its side of the median at every step (its rank among the paths)
     above = samples > median[..., 0].unsqueeze(1)
     assert torch.equal(rescaled.samples > median[..., 0].unsqueeze(1), above)
+
+
+def test_rolling_factor_reads_only_truths_known_at_the_origin_within_the_window():
+    day = np.timedelta64(1, "D")
+    t0 = np.datetime64("2024-01-01T00:00", "ns")
+    rng = np.random.default_rng(0)
+    T, D = 2, 1
+    # validation: 40 windows, one a day, truths known at t0 + i days (step 0) and a day later (step 1)
+    val_needed = rng.uniform(0, 1, (40, T, D))
+    val_known = t0 + np.arange(40)[:, None] * day + np.arange(T)[None, :] * day  # (40, T)
+    calibration = SpreadCalibration("30D", coverage=0.8)
+    static = calibration.fit_validation(val_needed, val_known)
+    assert np.allclose(static, conformal_spread_scale(torch.as_tensor(val_needed)).numpy())
+
+    origin = t0 + 43 * day
+
+    def expected(o):  # by hand: per step, the truths known in (o - 30 days, o]
+        pool_needed = np.concatenate([val_needed, later_needed])
+        pool_known = np.concatenate([val_known, later_known])
+        out = np.empty((T, D))
+        for t in range(T):
+            keep = (pool_known[:, t] <= o) & (pool_known[:, t] > o - 30 * day)
+            v = np.sort(pool_needed[keep, t, 0])
+            out[t, 0] = v[min(len(v), int(np.ceil((len(v) + 1) * 0.8))) - 1]
+        return out
+
+    # test windows: factors of 5, their truths known from day 41 on
+    later_needed = np.full((10, T, D), 5.0)
+    later_known = t0 + (41 + np.arange(10))[:, None] * day + np.arange(T)[None, :] * day
+    calibration.add(later_needed, later_known)
+    at = calibration.at(np.array([origin, origin + 6 * day]))
+    assert np.allclose(at[0], expected(origin)) and np.allclose(at[1], expected(origin + 6 * day))
+    assert (at[0] < 1).all() and (at[1] == 5).all()  # six days later, more of the large factors are known
+    # a truth measured after the origin changes nothing at the origin (no future in the past)
+    later_needed = np.concatenate([later_needed, np.full((1, T, D), 1e6)])
+    later_known = np.concatenate([later_known, np.full((1, T), origin + np.timedelta64(1, "ns"))])
+    calibration.add(later_needed[-1:], later_known[-1:])
+    assert np.array_equal(calibration.at(np.array([origin]))[0], at[0])
+    assert np.allclose(calibration.latest(), expected(later_known.max()))
+    # long after everything: nothing known in the window, the validation factor
+    assert np.array_equal(calibration.at(np.array([origin + 100 * day]))[0], static)
+    # no window: the validation factor at every origin
+    fixed = SpreadCalibration(None)
+    fixed.fit_validation(val_needed, val_known)
+    fixed.add(later_needed, later_known)
+    assert np.array_equal(fixed.at(np.array([origin]))[0], static) and np.array_equal(fixed.latest(), static)
 
 
 def coverage_by_step(task, datamodule, split: str) -> torch.Tensor:
@@ -97,7 +147,7 @@ def coverage_by_step(task, datamodule, split: str) -> torch.Tensor:
 
 def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_tmp):
     overrides = ["model=enc_only_forecast", "head=gaussian", *TINY, "logger=none"]
-    result = run(compose_config(overrides, in_tmp / "out"))
+    result = run(compose_config([*overrides, "model.head.calibration_window=null"], in_tmp / "out"))
     task = Forecaster.load(result.model_folder).task  # the factors come back with the weights
     assert task.spread_scale.shape == (task.hparams.horizon, task.hparams.d_target)
     assert (task.spread_scale != 1).all()
@@ -110,7 +160,13 @@ def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_
     assert torch.allclose(val_coverage, torch.full_like(val_coverage, k / n_val), atol=1.5 / n_val), val_coverage
     assert np.isclose(result.metrics["test/coverage_80"], coverage_by_step(task, dm, "test").mean().item(), atol=1e-6)
 
+    # the same network calibrated rolling (the default), and not at all
+    rolling = run(compose_config(overrides, in_tmp / "rolling"))
     uncalibrated = run(compose_config([*overrides, "model.head.calibrate=false"], in_tmp / "raw"))
     assert (Forecaster.load(uncalibrated.model_folder).task.spread_scale == 1).all()
-    assert uncalibrated.metrics["test/mse"] == pytest.approx(result.metrics["test/mse"])  # the same network
-    assert uncalibrated.metrics["test/coverage_80"] != pytest.approx(result.metrics["test/coverage_80"])
+    rolled = Forecaster.load(rolling.model_folder).task.spread_scale  # the latest factors
+    assert (rolled != 1).all() and not torch.allclose(rolled, task.spread_scale)
+    coverages = {r.metrics["test/coverage_80"] for r in (result, rolling, uncalibrated)}
+    assert len(coverages) == 3
+    for other in (rolling, uncalibrated):
+        assert other.metrics["test/mse"] == pytest.approx(result.metrics["test/mse"])  # the median moves not

@@ -28,14 +28,16 @@ sampled trajectories (autoregressive families) the point value is the mean or th
 paths at each step (`point`), see `tasks/probabilistic.py`.
 
 Every head also carries the evaluation settings: `levels` (the quantile columns of the forecasts
-CSV), `num_samples` (paths per window for the autoregressive families) and `calibrate` (widen or
-narrow the spread per step so that the central 80% interval covers 80% of the validation windows,
+CSV), `num_samples` (paths per window for the autoregressive families), `calibrate` and
+`calibration_window` (widen or narrow the spread per step so that the central 80% interval covers
+80% of earlier windows: the validation windows, then, rolling, the latest ones whose truth is known;
 `tasks/probabilistic.py`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, StudentT
@@ -72,10 +74,25 @@ class Head:
     default_point = "mean"
 
     def __init__(
-        self, levels=(0.1, 0.5, 0.9), num_samples: int = 100, point: str | None = None, calibrate: bool = True
+        self,
+        levels=(0.1, 0.5, 0.9),
+        num_samples: int = 100,
+        point: str | None = None,
+        calibrate: bool = True,
+        calibration_window: str | None = "7D",
     ):
         self.levels = check_levels(levels, "model.head.levels")
         self.calibrate = bool(calibrate)
+        self.calibration_window = calibration_window
+        if calibration_window is not None:
+            try:
+                if pd.Timedelta(calibration_window) <= pd.Timedelta(0):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"model.head.calibration_window must be a positive duration such as 7D or 12h, or null "
+                    f"(the validation windows only), got {calibration_window!r}"
+                ) from None
         if int(num_samples) < 2:
             raise ValueError(f"model.head.num_samples must be at least 2, got {num_samples}")
         self.num_samples = int(num_samples)

@@ -18,8 +18,10 @@ lives here once:
 - with a distribution head, the probabilistic test metrics (`test/crps`, `test/pinball`,
   `test/coverage_80`, `test/width_80`, and `test/crps_orig`, `test/width_80_orig` in original units)
   of the model and of the probabilistic baseline (`test/baseline_*`, `ErrorQuantiles`), and the
-  quantiles of every window for the CSV. Before the test, the spread is calibrated on the validation
-  windows (`calibrate_spread`, `model.head.calibrate`; `spread_scale`, saved with the weights). The point value `y_pred` (and `test/mse`...) is the
+  quantiles of every window for the CSV. The spread is calibrated on the validation windows before
+  the test and, rolling, on the test windows whose truth was known at each origin (`calibrate_spread`,
+  `model.head.calibrate`, `tasks/probabilistic.py`); the latest factors, `spread_scale`, are saved
+  with the weights. The point value `y_pred` (and `test/mse`...) is the
   distribution's mean or median (`model.head.point`). The autoregressive families sample
   `model.head.num_samples` trajectories per test window; their validation (`val/mse`, the checkpoint
   metric) uses one deterministic rollout that feeds back the point value, as cheap as a point model's.
@@ -47,7 +49,7 @@ from tsformer.tasks.probabilistic import (
     CENTRAL_80_COVERAGE,
     Forecast,
     SampleForecast,
-    conformal_spread_scale,
+    SpreadCalibration,
     head_forecast,
     scores,
     spread_needed,
@@ -144,7 +146,8 @@ class WindowTask(L.LightningModule):
             # the spread factor per output step and target variable (calibrate_spread); 1 = as trained
             out_len = horizon if horizon > 0 else context_len
             self.register_buffer("spread_scale", torch.ones(out_len, d_target))
-            self.calibration: dict[str, float] = {}
+            self.spread_calibration: SpreadCalibration | None = None  # fitted before each test
+            self.calibration: dict[str, float] = {}  # its figures, logged with the test metrics
         self.prob_baseline: ErrorQuantiles | None = None
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
@@ -224,27 +227,52 @@ class WindowTask(L.LightningModule):
 
     @torch.no_grad()
     def calibrate_spread(self, datamodule) -> None:
-        """Fit `spread_scale` on every validation window (`tasks/probabilistic.py`): per step and
-        target variable, the factor about the median that makes the central 80% interval cover 80%
-        of them. Without `model.head.calibrate`, the spread stays as trained (factor 1)."""
+        """Fit the spread calibration on every validation window (`tasks/probabilistic.py`): per
+        step and target variable, the factor about the median that makes the central 80% interval
+        cover 80% of them (`spread_scale` until the test moves on, if rolling). Without
+        `model.head.calibrate`, the spread stays as trained (factor 1)."""
         self.spread_scale.fill_(1.0)
+        self.spread_calibration = None
         if not self.head.calibrate:
             return
-        needed = []
+        needed, windows = [], []
         for batch in datamodule.val_dataloader():
             batch = self.transfer_batch_to_device(batch, self.device, 0)
-            factors = spread_needed(self.forecast_distribution(batch, calibrated=False), self.true_target(batch))
-            not_scored = ~self.target_valid(batch).unsqueeze(-1)  # (B, T, 1): filled steps
-            needed.append(factors.masked_fill(not_scored, float("nan")).cpu())
-        needed = torch.cat(needed)  # (W_val, T, Dy)
-        scale = conformal_spread_scale(needed, CENTRAL_80_COVERAGE)  # (T, Dy)
-        self.spread_scale.copy_(scale)
+            raw = self.forecast_distribution(batch, calibrated=False)
+            needed.append(self._spread_needed(raw, batch).cpu())
+            windows.append(batch["window"].cpu())
+        needed = torch.cat(needed)  # (W_val, T, Dy), NaN on steps not scored
+        # reconstruction has no forecast origin to roll with: the validation windows only
+        window = self.head.calibration_window if self.hparams.horizon > 0 else None
+        self.spread_calibration = SpreadCalibration(window, CENTRAL_80_COVERAGE)
+        known_at = datamodule.target_times("val")[torch.cat(windows).numpy()]  # (W_val, T)
+        scale = self.spread_calibration.fit_validation(needed.numpy(), known_at)
+        self.spread_scale.copy_(torch.as_tensor(scale))
         scored = needed[~needed.isnan()]
-        self.calibration = {  # logged with the test metrics
+        self.calibration = {
             "calibration/val_coverage_80_as_trained": float((scored <= 1).float().mean()),
             "calibration/spread_scale_first_step": float(scale[0].mean()),
             "calibration/spread_scale_last_step": float(scale[-1].mean()),
         }
+
+    def _spread_needed(self, raw: Forecast, batch: dict) -> torch.Tensor:
+        """`(B, T, Dy)`: the factor each element of `batch` needed (`spread_needed`); NaN on filled steps."""
+        not_scored = ~self.target_valid(batch).unsqueeze(-1)  # (B, T, 1)
+        return spread_needed(raw, self.true_target(batch)).masked_fill(not_scored, float("nan"))
+
+    def _calibrated_test_forecast(self, batch: dict) -> Forecast:
+        """The model's forecast of a test batch, calibrated as of each window's origin: with a rolling
+        `model.head.calibration_window`, the batch's own factors join the pool first, each usable only
+        by origins at or after the time its truth was measured."""
+        calibration = self.spread_calibration
+        if calibration is None or calibration.window is None:
+            return self.forecast_distribution(batch)  # the validation factors (`spread_scale`), or none
+        raw = self.forecast_distribution(batch, calibrated=False)
+        windows = batch["window"].cpu().numpy()
+        origins, target_times = self._test_times
+        calibration.add(self._spread_needed(raw, batch).cpu().numpy(), target_times[windows])
+        scale = calibration.at(origins[windows])  # (B, T, Dy)
+        return raw.with_spread_scale(torch.as_tensor(scale, dtype=raw.point().dtype, device=self.device))
 
     def forecast_with_quantiles(self, batch: dict, levels) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(point (B, T_out, Dy), quantiles (B, T_out, Dy, K) at levels or None for a point head)`,
@@ -334,6 +362,8 @@ class WindowTask(L.LightningModule):
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
             self.prob_baseline.fit_errors(self.trainer.datamodule)
             self.calibrate_spread(self.trainer.datamodule)  # the model's own spread, on the same windows
+            dm = self.trainer.datamodule
+            self._test_times = (dm.window_info("test")["origin_time"].to_numpy(), dm.target_times("test"))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true, valid = self.true_target(batch), self.target_valid(batch)  # (B, T, Dy), (B, T)
@@ -341,7 +371,7 @@ class WindowTask(L.LightningModule):
         quantiles = {}
         if self.head.probabilistic:  # the probabilistic baseline spreads the naive baseline's forecast
             naive = baseline_preds[self.baselines[0].name]
-            dists = {"model": self.forecast_distribution(batch), "baseline": self.prob_baseline.forecast(batch, naive)}
+            dists = {"model": self._calibrated_test_forecast(batch), "baseline": self.prob_baseline.forecast(batch, naive)}
             quantiles = {who: self._score_distribution(who, dist, true, valid) for who, dist in dists.items()}
             model_point = dists["model"].point()
         else:
@@ -402,6 +432,8 @@ class WindowTask(L.LightningModule):
                 for name, metric in metrics.items():
                     values[f"{prefix}{name}"] = metric.compute()
                     metric.reset()
+            if self.spread_calibration is not None:  # later forecasts use the latest factors
+                self.spread_scale.copy_(torch.as_tensor(self.spread_calibration.latest()))
             values.update(self.calibration)
         self.log_dict(values)
         chunks = self._test_chunks

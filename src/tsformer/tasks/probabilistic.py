@@ -18,22 +18,30 @@ Scores (per element, then averaged over the valid steps by the task):
 - pinball loss averaged over the configured levels (`model.head.levels`);
 - coverage and width of the central 80% interval [q0.1, q0.9], whatever the configured levels.
 
-Spread calibration (`model.head.calibrate`, on by default): a model trained on one-step
-likelihoods and fed its own draws is rarely calibrated many steps ahead. After training, every
-forecast is widened (or narrowed) about its median by a factor per step and target variable,
-`median + c[t, d] (x - median)`, with c the smallest factor that makes the central 80% interval
-cover 80% of the validation windows (a conformal quantile of the factors each window needs:
-`spread_needed`, `conformal_spread_scale`). Sampled paths are rescaled as whole paths, so a draw
-above the median stays above it at every step. Fitted on the validation split only, stored with
-the weights (the task's `spread_scale` buffer), applied to every later forecast.
+Spread calibration (`model.head.calibrate`, on by default; `SpreadCalibration`): a model trained
+on one-step likelihoods and fed its own draws is rarely calibrated many steps ahead, and a spread
+right for the training months can be wrong for the next ones. Every forecast is widened (or
+narrowed) about its median by a factor per step and target variable, `median + c[t, d] (x - median)`,
+with c the smallest factor that would have made the central 80% interval cover 80% of earlier
+windows (a split-conformal quantile of the factors each window needed: `spread_needed`). Sampled
+paths are rescaled as whole paths, so a draw above the median stays above it at every step.
+Which earlier windows (`model.head.calibration_window`):
+- a duration, e.g. `7D` (rolling, the default): for a forecast made at origin t, the windows whose
+  truth at that step was known at t and at most that long before it: the validation windows, then
+  the test windows as their truth comes in (the loader's order: series by series), as a forecaster
+  in operation recalibrates on its latest errors. Never a truth measured after t.
+- `null`: the validation windows only, one factor per step for the whole test.
+The factors of the latest calibration are stored with the weights (the task's `spread_scale`
+buffer) and applied to every later forecast (`Forecaster.predict`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import torch
 
 from tsformer.nn.heads import pinball_loss
@@ -95,7 +103,8 @@ class Forecast:
         raise NotImplementedError
 
     def with_spread_scale(self, scale: torch.Tensor) -> Forecast:
-        """The forecast widened about its median by `scale (T, Dy)` (> 1 wider, < 1 narrower)."""
+        """The forecast widened about its median by `scale`, `(T, Dy)` for every window or
+        `(B, T, Dy)` one per window (> 1 wider, < 1 narrower)."""
         raise NotImplementedError
 
 
@@ -127,6 +136,7 @@ class SampleForecast(Forecast):
 
     def with_spread_scale(self, scale):
         median = self.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, Dy)
+        scale = scale.expand(median.shape[0], *scale.shape[-2:]).unsqueeze(1)  # (B, 1, T, Dy)
         return SampleForecast(median + scale * (self.samples - median), self.point_kind)  # (B, S, T, Dy)
 
 
@@ -175,21 +185,82 @@ def spread_needed(forecast: Forecast, y: torch.Tensor) -> torch.Tensor:
     return gap / half_width
 
 
+def conformal_factor(needed: np.ndarray, coverage: float, empty: np.ndarray) -> np.ndarray:
+    """Factors needed by n windows `(n, Dy)` (NaN: a step not scored) -> `(Dy,)`: per variable the
+    ceil((n + 1) coverage)-th smallest of its values (the split-conformal quantile: with
+    exchangeable windows, a new one is covered with probability >= coverage); the largest where n
+    is too small for that; `empty` where nothing was scored."""
+    ordered = np.sort(needed, axis=0)  # NaN last
+    n = (~np.isnan(needed)).sum(axis=0)  # (Dy,)
+    k = np.minimum(n, np.ceil((n + 1) * coverage).astype(int))  # 1-based rank
+    picked = ordered[np.maximum(k - 1, 0), np.arange(needed.shape[1])]
+    return np.where(n > 0, picked, empty)
+
+
 def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_COVERAGE) -> torch.Tensor:
-    """`(W, T, Dy)` factors needed by W validation windows (NaN on steps not scored) -> `(T, Dy)`:
-    per step and variable, the ceil((n + 1) coverage)-th smallest of its n values (the split-
-    conformal quantile: with exchangeable windows, a new window is covered with probability >=
-    coverage); the largest value where n is too small for that, 1 (no change) where n = 0."""
-    _, T, D = needed.shape
-    scale = torch.ones(T, D, dtype=needed.dtype)
-    for t in range(T):
-        for d in range(D):
-            values = needed[:, t, d]
-            values = values[~values.isnan()].sort().values
-            n = len(values)
-            if n:
-                scale[t, d] = values[min(n, math.ceil((n + 1) * coverage)) - 1]
-    return scale
+    """`(W, T, Dy)` factors needed by W windows (NaN on steps not scored) -> `(T, Dy)`, each step's
+    `conformal_factor`; 1 (no change) where nothing was scored."""
+    values = needed.double().numpy()
+    ones = np.ones(values.shape[2])
+    scale = np.stack([conformal_factor(values[:, t], coverage, ones) for t in range(values.shape[1])])
+    return torch.as_tensor(scale, dtype=needed.dtype)
+
+
+class SpreadCalibration:
+    """The spread factors of the module docstring, from the factors scored windows needed.
+
+    `fit_validation` takes the validation windows (and gives the one factor per step used when
+    `window` is None); `add` pools more scored windows as their truth comes in; `at(origins)` gives
+    the factor of forecasts made at those times; `latest()` the factor after the last known truth.
+    Times are the target times (when a truth is measured, hence known).
+    """
+
+    def __init__(self, window: str | pd.Timedelta | None, coverage: float = CENTRAL_80_COVERAGE):
+        self.window = None if window is None else pd.Timedelta(window)
+        self.coverage = coverage
+        self._needed: list[np.ndarray] = []  # (W, T, Dy) each
+        self._known: list[np.ndarray] = []  # (W, T) datetime64[ns] each
+        self._sorted = None  # per step: (known times sorted, factors in that order)
+
+    def fit_validation(self, needed: np.ndarray, known_at: np.ndarray) -> np.ndarray:
+        """Factors needed by the validation windows `(W, T, Dy)`, known at `(W, T)` -> `(T, Dy)`."""
+        self.static = conformal_spread_scale(torch.as_tensor(needed, dtype=torch.float64), self.coverage).numpy()
+        self._needed, self._known, self._sorted = [], [], None
+        self.add(needed, known_at)
+        return self.static
+
+    def add(self, needed: np.ndarray, known_at: np.ndarray) -> None:
+        self._needed.append(np.asarray(needed, dtype=np.float64))
+        self._known.append(np.asarray(known_at, dtype="datetime64[ns]"))
+        self._sorted = None
+
+    def at(self, origins: np.ndarray) -> np.ndarray:
+        """`(B,)` forecast origins -> `(B, T, Dy)` factors: over the pooled windows whose truth at
+        that step was known at the origin (and within `window` before it); the validation factor
+        where none was, or for every origin when `window` is None."""
+        origins = np.asarray(origins, dtype="datetime64[ns]")
+        scale = np.broadcast_to(self.static, (len(origins), *self.static.shape)).copy()  # (B, T, Dy)
+        if self.window is None:
+            return scale
+        if self._sorted is None:
+            needed, known = np.concatenate(self._needed), np.concatenate(self._known)  # (n, T, Dy), (n, T)
+            order = known.argsort(axis=0, kind="stable")  # (n, T): per step, by the time its truth came in
+            self._sorted = [(known[order[:, t], t], needed[order[:, t], t]) for t in range(known.shape[1])]
+        span = np.timedelta64(self.window.value, "ns")
+        for t, (known_t, needed_t) in enumerate(self._sorted):
+            hi = np.searchsorted(known_t, origins, side="right")  # known at the origin
+            lo = np.searchsorted(known_t, origins - span, side="right")  # and not longer than `window` before
+            for b in range(len(origins)):
+                if hi[b] > lo[b]:
+                    scale[b, t] = conformal_factor(needed_t[lo[b] : hi[b]], self.coverage, self.static[t])
+        return scale
+
+    def latest(self) -> np.ndarray:
+        """`(T, Dy)`: the factor for a forecast made after every pooled truth (what later forecasts use)."""
+        if self.window is None:
+            return self.static
+        last = max(k.max() for k in self._known)
+        return self.at(np.array([last]))[0]
 
 
 def scores(forecast: Forecast, y: torch.Tensor, levels) -> dict[str, torch.Tensor]:
