@@ -15,7 +15,12 @@ Heads (`model.head.kind`, config group `head=`):
 - `student_t`: StudentT(df, loc, scale), negative log likelihood; df = `min_df` + softplus, so
   df > 2 and the variance is finite; quantiles from scipy's `stdtrit` (on the CPU).
 - `quantile`: the quantiles at `quantile_levels` (pinball loss averaged over them), monotone by
-  construction: the lowest is the raw output, each next one adds a softplus increment. The
+  construction: the knot nearest the median is a raw output, and the others lie softplus increments
+  above and below it. Anchored in the middle so that training treats the upper and lower knots
+  alike: with the lowest knot as the anchor, every upper knot hung on a chain of all the increments
+  below it, and on the simulated plant (4 epochs) the one-step quantiles came out skewed (mean 0.056
+  below the median, scaled units, on symmetric noise); sampled paths fed those draws back and
+  drifted (test MAE of the paths' median 0.27, of the median-fed rollout 0.14). The
   distribution in between is the piecewise-linear quantile function through those knots (uniform
   density between two knots); beyond the outermost knots, exponential tails whose density matches
   the adjacent segment's (Laplace-like, unbounded): `q(u) = q_1 + b_lo log(u / tau_1)` below
@@ -252,10 +257,14 @@ class QuantileHead(Head):
         if len(self.taus) < 2:
             raise ValueError(f"model.head.quantile_levels needs at least 2 levels, got {self.taus}")
         self.n_params = len(self.taus)
+        self.anchor = min(range(len(self.taus)), key=lambda k: abs(self.taus[k] - 0.5))  # knot nearest the median
 
     def constrain(self, raw):
-        increments = F.softplus(raw[..., 1:])  # (..., C, K - 1) > 0: monotone quantiles
-        return torch.cat([raw[..., :1], raw[..., :1] + increments.cumsum(dim=-1)], dim=-1)
+        m = self.anchor
+        anchor = raw[..., m : m + 1]  # (..., C, 1): the knot nearest the median
+        up = F.softplus(raw[..., m + 1 :]).cumsum(dim=-1)  # (..., C, K - 1 - m) gaps above it, summed outwards
+        down = F.softplus(raw[..., :m]).flip(-1).cumsum(dim=-1).flip(-1)  # (..., C, m) gaps below, summed outwards
+        return torch.cat([anchor - down, anchor, anchor + up], dim=-1)  # (..., C, K), increasing
 
     def loss(self, params, target):
         taus = params.new_tensor(self.taus)  # (K,)
@@ -292,7 +301,7 @@ class QuantileHead(Head):
         seg = (torch.searchsorted(taus, u) - 1).clamp(0, K - 2)  # inner segment [seg, seg + 1] (or the end one)
         q_lo, q_hi = params.gather(-1, seg), params.gather(-1, seg + 1)
         t_lo, t_hi = taus[seg], taus[seg + 1]
-        inner = q_lo + (u - t_lo) / (t_hi - t_lo) * (q_hi - q_lo)
+        inner = torch.lerp(q_lo, q_hi, (u - t_lo) / (t_hi - t_lo))  # exact at both knots (monotone in float too)
         lo_slope, hi_slope = self._tail_slopes(params)  # (..., C)
         lower = params[..., :1] + lo_slope.unsqueeze(-1) * torch.log(u / taus[0])
         upper = params[..., -1:] - hi_slope.unsqueeze(-1) * torch.log((1 - u) / (1 - taus[-1]))
