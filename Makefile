@@ -16,8 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
+# One worker process per core (at most 4), a test file per worker (its module fixtures train once):
+# the suite's runs are small and single-threaded (tests/conftest.py), so the cores share them.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile
 
 train: install
 	$(PY) train.py

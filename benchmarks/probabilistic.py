@@ -96,6 +96,9 @@ def main() -> None:
     parser.add_argument("--eval-stride", type=int, default=6, help="test (and validation) windows every N origins")
     parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script, not the figures")
     parser.add_argument("--out", default=None, help="output folder of the runs (default: a temporary one)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.py override for every run (repeatable), after the data set's own, "
+                        "e.g. --override trainer.max_epochs=8")
     args = parser.parse_args()
     logging.getLogger("lightning").setLevel(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -106,7 +109,7 @@ def main() -> None:
         for family in args.families.split(","):
             for head in args.heads.split(","):
                 overrides = [*DATASETS[dataset], f"model={family}", f"head={head}", *COMMON,
-                             f"data.eval_stride={args.eval_stride}"]
+                             f"data.eval_stride={args.eval_stride}", *args.override]
                 if args.quick:
                     overrides += ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
                                   "model.net.d_model=16", "model.head.num_samples=10"]
@@ -125,7 +128,8 @@ def main() -> None:
                     print(f"coherence {family} {head}: {c}", flush=True)
 
     print()
-    print(f"runs in {out}; eval_stride={args.eval_stride}; quick={args.quick}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    print(f"runs in {out}; eval_stride={args.eval_stride}; quick={args.quick}; overrides={args.override}; "
+          f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
     print("| data | family | head | coverage_80 | width_80 | CRPS | baseline coverage_80 | baseline width_80 | baseline CRPS | "
           "MAE | val coverage_80 as trained | accepted | train+test s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

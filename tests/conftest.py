@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: each worker, and the train.py processes it starts,
+    # computes on one thread (several threads per worker would only fight over the same cores)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # Tiny settings for end-to-end runs on 2 CPU cores: a few steps, a small model, little data.
 TINY = [
