@@ -43,7 +43,7 @@ from tsformer.export import COLUMNS, with_quantile_columns
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: spread calibration and median-anchored quantile knots (distribution heads)
 CONFIG_FILE = "tsformer.json"
 WEIGHTS_FILE = "weights.pt"
 
@@ -193,10 +193,14 @@ class Forecaster:
                 "one to <run output folder>/model and logs it to MLflow)"
             )
         config = json.loads(config_path.read_text())
-        if config.get("format_version") != FORMAT_VERSION:
+        version = config.get("format_version")
+        head = (config.get("hparams", {}).get("head") or {}).get("kind", "point")
+        if version != FORMAT_VERSION and not (version == 1 and head == "point"):
+            # format 1 -> 2: distribution heads gained the spread calibration, and the quantile
+            # head's knots are anchored at the median; point-head folders of format 1 are unchanged
             raise ValueError(
-                f"{config_path}: model format {config.get('format_version')!r}, this tsformer reads "
-                f"{FORMAT_VERSION}"
+                f"{config_path}: model format {version!r} with a {head!r} head, this tsformer reads "
+                f"format {FORMAT_VERSION} (and format 1 with a point head): train the model again"
             )
         module, _, name = config["task_class"].rpartition(".")
         task_class = getattr(importlib.import_module(module), name)

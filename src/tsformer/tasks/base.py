@@ -148,6 +148,7 @@ class WindowTask(L.LightningModule):
             self.register_buffer("spread_scale", torch.ones(out_len, d_target))
             self.spread_calibration: SpreadCalibration | None = None  # fitted before each test
             self.calibration: dict[str, float] = {}  # its figures, logged with the test metrics
+            self._test_times: tuple[np.ndarray, np.ndarray] | None = None  # test origins (W,), target times (W, T)
         self.prob_baseline: ErrorQuantiles | None = None
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
@@ -272,7 +273,7 @@ class WindowTask(L.LightningModule):
         origins, target_times = self._test_times
         calibration.add(self._spread_needed(raw, batch).cpu().numpy(), target_times[windows])
         scale = calibration.at(origins[windows])  # (B, T, Dy)
-        return raw.with_spread_scale(torch.as_tensor(scale, dtype=raw.point().dtype, device=self.device))
+        return raw.with_spread_scale(torch.as_tensor(scale, dtype=batch["hist_target"].dtype, device=self.device))
 
     def forecast_with_quantiles(self, batch: dict, levels) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(point (B, T_out, Dy), quantiles (B, T_out, Dy, K) at levels or None for a point head)`,
