@@ -336,10 +336,10 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     if "calibration/val_coverage_80_as_trained" in metrics:
         lines.append(
-            "spread calibrated on the validation windows: their 80% interval covered "
-            f"{metrics['calibration/val_coverage_80_as_trained']:.3f} as trained; spread x"
-            f"{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
-            f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last (model.head.calibrate)"
+            "spread calibration (model.head.calibrate, calibration_window): the validation windows' 80% "
+            f"interval covered {metrics['calibration/val_coverage_80_as_trained']:.3f} as trained; their "
+            f"factor x{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
+            f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last"
         )
     lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
     ref = logger.run_id if logger is not None else model_folder.resolve()
