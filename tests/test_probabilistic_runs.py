@@ -32,7 +32,7 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
 
 def test_train_py_dec_only_student_t(in_tmp):
     overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY]
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out"],
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
                           cwd=in_tmp, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "coverage_80" in proc.stdout  # the summary prints the probabilistic metrics
@@ -46,6 +46,7 @@ def test_train_py_dec_only_student_t(in_tmp):
     assert 0.0 <= run_.data.metrics["test/coverage_80"] <= 1.0
     assert run_.data.params["model/head/kind"] == "student_t"
     assert "plots/fan_chart.png" in {a.path for a in client.list_artifacts(run_.info.run_id, "plots")}
+    assert "forecasts/paths.parquet" in {a.path for a in client.list_artifacts(run_.info.run_id, "forecasts")}
 
     csv = pd.read_csv(in_tmp / "out" / "forecasts.csv", parse_dates=["origin_time", "target_time"])
     cfg = compose_config(overrides, in_tmp / "check")
@@ -56,6 +57,17 @@ def test_train_py_dec_only_student_t(in_tmp):
     assert not csv.isna().any().any()
     # y_pred is the paths' mean (point: mean), the median column differs from it but stays close
     assert not np.allclose(csv.y_pred, csv["q0.5"])
+
+    # the sampled paths: 20 per window, step and variable; their quantiles are the CSV's columns
+    paths = pd.read_parquet(in_tmp / "out" / "paths.parquet")
+    keys = ["series_id", "origin_time", "step", "variable"]
+    assert len(paths) == len(csv) * 20 and not paths.isna().any().any()
+    assert (paths.groupby(keys)["path"].nunique() == 20).all()
+    from_paths = paths.groupby(keys)["value"].quantile([0.1, 0.5, 0.9]).unstack()  # linear, as the paths' quantiles
+    merged = csv.merge(from_paths.reset_index(), on=keys)
+    assert len(merged) == len(csv)
+    for level in (0.1, 0.5, 0.9):
+        assert np.allclose(merged[f"q{level}"], merged[level], rtol=1e-4, atol=1e-4)
 
     # the model folder rebuilds the same head: predict writes the same columns
     forecaster = Forecaster.load(in_tmp / "out" / "model")
@@ -100,3 +112,10 @@ def test_error_quantile_baseline_is_persistence_plus_its_validation_errors():
     last = batch["hist_target"][:, -1:, :, None]  # (B, 1, Dy, 1)
     assert torch.allclose(q, last + torch.as_tensor(expected, dtype=q.dtype), atol=1e-5)
     assert (q[:, -1, :, 2] - q[:, -1, :, 0] > q[:, 0, :, 2] - q[:, 0, :, 0]).all()  # the spread grows with the step
+
+
+def test_paths_file_needs_a_family_that_samples_paths(in_tmp):
+    cfg = compose_config(["model=enc_only_forecast", "head=gaussian", "paths_file=paths.parquet", *TINY], in_tmp / "out")
+    with pytest.raises(ValueError, match=r"paths_file=paths.parquet: only dec_only and enc_dec .* enc_only_forecast"):
+        run(cfg)
+    assert not (in_tmp / "mlflow.db").exists()  # refused before a run was opened

@@ -9,6 +9,10 @@ With a distribution head (`model.head`) the CSV gains one column per configured 
 `q0.1, q0.5, q0.9` by default (`model.head.levels`), in original units; `y_pred` stays the point
 forecast (the mean or the median, `model.head.point`). The scalers are positive affine maps per
 variable, so scaled quantiles map to original units one for one.
+
+Sampled paths (`paths_file`, autoregressive families with a distribution head) go to Parquet:
+`series_id, origin_time, target_time, step, variable, path, value`, one row per (window, path,
+step, variable), original units, as calibrated (the paths the quantile columns are read from).
 """
 
 from __future__ import annotations
@@ -90,12 +94,44 @@ def select_levels(quantiles: np.ndarray, have: list[float], want: list[float]) -
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically: a crash mid-write never leaves a half-written file at `path`."""
+    return _write_atomically(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write atomically, as `write_csv`."""
+    return _write_atomically(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def _write_atomically(path: str | Path, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    frame.to_csv(tmp, index=False)
+    write(tmp)
     os.replace(tmp, path)
     return path
+
+
+def paths_frame(datamodule, split: str, paths_scaled: np.ndarray) -> pd.DataFrame:
+    """Sampled paths `(W, S, T, Dy)` (scaled, window order of the split) -> the long frame of the
+    module docstring, original units; rows window -> path -> step -> variable."""
+    info = datamodule.window_info(split)
+    target_times = datamodule.target_times(split)  # (W, T)
+    W, S, T, Dy = paths_scaled.shape
+    if len(info) != W or target_times.shape != (W, T):
+        raise ValueError(f"{W} windows of {T} steps of paths, but the {split} split has {target_times.shape}")
+    values = datamodule.inverse_transform_target(paths_scaled)  # (W, S, T, Dy) original units
+    w, s, t, v = (idx.ravel() for idx in np.meshgrid(np.arange(W), np.arange(S), np.arange(T), np.arange(Dy), indexing="ij"))
+    return pd.DataFrame(
+        {
+            "series_id": info["series_id"].to_numpy()[w],
+            "origin_time": info["origin_time"].to_numpy()[w],
+            "target_time": target_times[w, t],
+            "step": t + 1,
+            "variable": np.asarray(datamodule.target_names, dtype=object)[v],
+            "path": s,
+            "value": values.reshape(-1),
+        }
+    )
 
 
 def mae_by_step(datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None) -> pd.DataFrame:

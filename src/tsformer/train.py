@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, sweep, tracking
-from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_csv
+from tsformer.export import forecasts_frame, mae_by_step, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.tasks.probabilistic import BAND_LEVELS
@@ -120,6 +120,11 @@ def run(cfg: DictConfig) -> RunResult | None:
         baselines=_instantiate_group(cfg.get("baselines")),  # extra ones, beside the naive baseline
     )
     output_dir = Path(cfg.paths.output_dir)
+    if cfg.get("paths_file") and not (task.head.probabilistic and task.autoregressive):
+        raise ValueError(
+            f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
+            f"student_t or quantile) sample paths; this run is {task.family} with head={task.head.kind}"
+        )
 
     with open_dict(cfg):
         for entry in (cfg.get("logger") or {}).values():
@@ -158,6 +163,7 @@ def run(cfg: DictConfig) -> RunResult | None:
             tester = _one_process_for_test(trainer, cfg, loggers)
             if tester is None:
                 return None
+            task.keep_test_paths = bool(cfg.get("paths_file"))
             tester.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
             metrics = {
                 k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))
@@ -171,6 +177,9 @@ def run(cfg: DictConfig) -> RunResult | None:
                 )
                 csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
                 baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
+            paths_path = None
+            if cfg.get("paths_file"):
+                paths_path = write_parquet(paths_frame(datamodule, "test", outputs["paths"]), output_dir / cfg.paths_file)
             run_id = mlflow_logger.run_id if mlflow_logger is not None else None
             info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
             model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
@@ -178,7 +187,7 @@ def run(cfg: DictConfig) -> RunResult | None:
             example = example_table(datamodule)
             example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
             if mlflow_logger is not None:
-                _log_outputs(mlflow_logger, cfg, datamodule, outputs, csv_path, best, output_dir)
+                _log_outputs(mlflow_logger, cfg, datamodule, outputs, [csv_path, paths_path], best, output_dir)
                 tracking.log_figure(mlflow_logger, attention_figure(task, datamodule), "plots/attention.png")
                 if task.head.probabilistic:
                     _log_fan_chart(mlflow_logger, cfg, datamodule, task)
@@ -191,6 +200,8 @@ def run(cfg: DictConfig) -> RunResult | None:
             raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
+    if paths_path is not None:
+        print(f"sampled paths: {paths_path.resolve()}")
     return RunResult(
         metrics=metrics,
         n_test_windows=len(outputs["pred"]),
@@ -261,12 +272,13 @@ def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Res
     log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
 
 
-def _log_outputs(logger, cfg, datamodule, outputs: dict, csv_path: Path | None, best_ckpt, output_dir: Path) -> None:
-    """The CSV, scalers and best checkpoint as artifacts; the figures, drawn from the test outputs
-    (`outputs`: pred, true, valid, baseline arrays in window order) without the CSV-sized frame."""
+def _log_outputs(logger, cfg, datamodule, outputs: dict, forecast_files: list, best_ckpt, output_dir: Path) -> None:
+    """The CSV (and sampled paths), scalers and best checkpoint as artifacts; the figures, drawn from
+    the test outputs (`outputs`: pred, true, valid, baseline arrays in window order) without the
+    CSV-sized frame. `forecast_files`: local files for the `forecasts` folder, None where not written."""
     scaler_dir = output_dir / "scalers"
     scaler_dir.mkdir(parents=True, exist_ok=True)
-    files = [("forecasts", csv_path)] if csv_path is not None else []  # (artifact folder, local file)
+    files = [("forecasts", f) for f in forecast_files if f is not None]  # (artifact folder, local file)
     for name in ("target_scaler", "covariate_scaler"):
         scaler = getattr(datamodule, name)
         if scaler is not None:

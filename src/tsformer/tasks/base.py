@@ -150,6 +150,7 @@ class WindowTask(L.LightningModule):
             self.calibration: dict[str, float] = {}  # its figures, logged with the test metrics
             self._test_times: tuple[np.ndarray, np.ndarray] | None = None  # test origins (W,), target times (W, T)
         self.prob_baseline: ErrorQuantiles | None = None
+        self.keep_test_paths = False  # keep every test window's sampled paths (train.py: `paths_file`)
         self.test_outputs: dict[str, np.ndarray] | None = None
         self._test_chunks: list[dict[str, torch.Tensor]] = []
 
@@ -396,6 +397,7 @@ class WindowTask(L.LightningModule):
                 "valid": valid.cpu(),
                 "baseline": preds["baseline"].cpu(),
                 **{("quantiles" if who == "model" else f"{who}_quantiles"): q.cpu() for who, q in quantiles.items()},
+                **({"paths": dists["model"].samples.cpu()} if self.keep_test_paths else {}),  # (B, S, M, Dy)
             }
         )
 
