@@ -11,25 +11,16 @@ printed are measured here and now; compare ratios, not absolute times (shared ma
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from timing import seconds
 
 from tsformer.models import DecoderOnly, DecoderOnlyConfig, EncoderDecoder, EncoderDecoderConfig
 
 
 def timed(fn, device: str, repeats: int) -> float:
     """Best wall-clock seconds of `repeats` calls."""
-    best = float("inf")
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(seconds(fn, device) for _ in range(repeats))
 
 
 def main() -> None:

@@ -15,22 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from timing import seconds
 
 from tsformer.models import DecoderOnly, DecoderOnlyConfig, EncoderDecoder, EncoderDecoderConfig
 from tsformer.nn.heads import StudentTHead
-
-
-def timed(fn, device: str) -> float:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -80,8 +70,8 @@ def main() -> None:
         point()  # warm-up
         t_point, t_sampled = [], []
         for _ in range(args.repeats):
-            t_point.append(timed(point, dev))
-            t_sampled.append(timed(sampled, dev))
+            t_point.append(seconds(point, dev))
+            t_sampled.append(seconds(sampled, dev))
         p, s = statistics.median(t_point), statistics.median(t_sampled)
         print(f"{name:<16}{p:>10.4f}{s:>12.4f}{s / p:>7.2f}x")
 
