@@ -16,7 +16,7 @@ from torch.utils.data import default_collate
 from conftest import TINY
 from tsformer.nn.attention import MultiHeadAttention, collect_attention
 from tsformer.plots import attention_figure
-from tsformer.train import compose_config
+from tsformer.train import build_task, compose_config
 
 H = 2  # heads (TINY)
 
@@ -27,17 +27,7 @@ def build(tmp_path, *overrides):
     dm = instantiate(cfg.data)
     dm.setup()
     torch.manual_seed(0)
-    task = instantiate(
-        cfg.model,
-        _convert_="all",
-        d_target=dm.d_target,
-        d_known=dm.d_known,
-        d_observed=dm.d_observed,
-        d_static_num=dm.d_static_num,
-        static_vocab_sizes=dm.static_vocab_sizes,
-        target_names=dm.target_names,
-    )
-    return dm, task.eval()
+    return dm, build_task(cfg.model, dm).eval()
 
 
 def one_test_window(dm, index=0):

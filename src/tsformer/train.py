@@ -88,6 +88,22 @@ class RunResult:
     train_steps: int  # optimizer steps the fit made (early stopping may end it before max_epochs)
 
 
+def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
+    """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels;
+    `baselines`: extra ones, beside the naive baseline."""
+    return instantiate(
+        model_cfg,
+        _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
+        d_target=datamodule.d_target,
+        d_known=datamodule.d_known,
+        d_observed=datamodule.d_observed,
+        d_static_num=datamodule.d_static_num,
+        static_vocab_sizes=datamodule.static_vocab_sizes,
+        target_names=datamodule.target_names,
+        baselines=baselines,
+    )
+
+
 def run(cfg: DictConfig) -> RunResult | None:
     """Train, test and export one configuration, or continue the interrupted run `cfg.resume` names.
 
@@ -108,17 +124,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     datamodule.setup()
-    task = instantiate(
-        cfg.model,
-        _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
-        d_target=datamodule.d_target,
-        d_known=datamodule.d_known,
-        d_observed=datamodule.d_observed,
-        d_static_num=datamodule.d_static_num,
-        static_vocab_sizes=datamodule.static_vocab_sizes,
-        target_names=datamodule.target_names,
-        baselines=_instantiate_group(cfg.get("baselines")),  # extra ones, beside the naive baseline
-    )
+    task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
     output_dir = Path(cfg.paths.output_dir)
     if cfg.get("paths_file") and not (task.head.probabilistic and task.autoregressive):
         raise ValueError(
