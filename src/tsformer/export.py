@@ -57,26 +57,28 @@ def forecasts_frame(
     true = datamodule.inverse_transform_target(true_scaled)
     if valid is not None:
         true = np.where(np.asarray(valid)[..., None], true, np.nan)  # nobody measured a filled step
-    first_step = 1 if datamodule.horizon > 0 else 0
     # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
-    w_idx, t_idx, v_idx = np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij")
-    w_idx, t_idx, v_idx = w_idx.ravel(), t_idx.ravel(), v_idx.ravel()
-    frame = pd.DataFrame(
-        {
-            "series_id": info["series_id"].to_numpy()[w_idx],
-            "origin_time": info["origin_time"].to_numpy()[w_idx],
-            "target_time": target_times[w_idx, t_idx],
-            "step": t_idx + first_step,
-            "variable": np.asarray(datamodule.target_names, dtype=object)[v_idx],
-            "y_true": true.reshape(-1),
-            "y_pred": pred.reshape(-1),
-        },
-        columns=COLUMNS,
-    )
+    w, t, v = (i.ravel() for i in np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij"))
+    keys = _key_columns(datamodule, info, target_times, w, t, v)
+    frame = pd.DataFrame({**keys, "y_true": true.reshape(-1), "y_pred": pred.reshape(-1)}, columns=COLUMNS)
     if quantiles_scaled is not None:
         q = datamodule.inverse_transform_target(np.moveaxis(quantiles_scaled, -1, -2))  # (W, T, K, Dy) original
         frame = with_quantile_columns(frame, np.moveaxis(q, -2, -1), levels)
     return frame
+
+
+def _key_columns(datamodule, info: pd.DataFrame, target_times: np.ndarray, w, t, v) -> dict:
+    """`series_id, origin_time, target_time, step, variable` of the rows with window, step and
+    variable indices `w, t, v` (flat arrays); steps numbered 1..M for forecasts, 0..N-1 for
+    reconstruction."""
+    first_step = 1 if datamodule.horizon > 0 else 0
+    return {
+        "series_id": info["series_id"].to_numpy()[w],
+        "origin_time": info["origin_time"].to_numpy()[w],
+        "target_time": target_times[w, t],
+        "step": t + first_step,
+        "variable": np.asarray(datamodule.target_names, dtype=object)[v],
+    }
 
 
 def with_quantile_columns(frame: pd.DataFrame, quantiles: np.ndarray, levels: list[float]) -> pd.DataFrame:
@@ -120,18 +122,10 @@ def paths_frame(datamodule, split: str, paths_scaled: np.ndarray) -> pd.DataFram
     if len(info) != W or target_times.shape != (W, T):
         raise ValueError(f"{W} windows of {T} steps of paths, but the {split} split has {target_times.shape}")
     values = datamodule.inverse_transform_target(paths_scaled)  # (W, S, T, Dy) original units
-    w, s, t, v = (idx.ravel() for idx in np.meshgrid(np.arange(W), np.arange(S), np.arange(T), np.arange(Dy), indexing="ij"))
-    return pd.DataFrame(
-        {
-            "series_id": info["series_id"].to_numpy()[w],
-            "origin_time": info["origin_time"].to_numpy()[w],
-            "target_time": target_times[w, t],
-            "step": t + 1,
-            "variable": np.asarray(datamodule.target_names, dtype=object)[v],
-            "path": s,
-            "value": values.reshape(-1),
-        }
-    )
+    # rows ordered window -> path -> step -> variable
+    w, s, t, v = (i.ravel() for i in np.meshgrid(*(np.arange(n) for n in (W, S, T, Dy)), indexing="ij"))
+    keys = _key_columns(datamodule, info, target_times, w, t, v)
+    return pd.DataFrame({**keys, "path": s, "value": values.reshape(-1)})
 
 
 def mae_by_step(datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None) -> pd.DataFrame:
