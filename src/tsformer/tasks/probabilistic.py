@@ -197,13 +197,16 @@ def conformal_factor(needed: np.ndarray, coverage: float, empty: np.ndarray) -> 
     return np.where(n > 0, picked, empty)
 
 
-def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_COVERAGE) -> torch.Tensor:
+def conformal_by_step(needed: np.ndarray, coverage: float) -> np.ndarray:
     """`(W, T, Dy)` factors needed by W windows (NaN on steps not scored) -> `(T, Dy)`, each step's
     `conformal_factor`; 1 (no change) where nothing was scored."""
-    values = needed.double().numpy()
-    ones = np.ones(values.shape[2])
-    scale = np.stack([conformal_factor(values[:, t], coverage, ones) for t in range(values.shape[1])])
-    return torch.as_tensor(scale, dtype=needed.dtype)
+    ones = np.ones(needed.shape[2])
+    return np.stack([conformal_factor(needed[:, t], coverage, ones) for t in range(needed.shape[1])])
+
+
+def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_COVERAGE) -> torch.Tensor:
+    """`conformal_by_step` for tensors."""
+    return torch.as_tensor(conformal_by_step(needed.double().numpy(), coverage), dtype=needed.dtype)
 
 
 class SpreadCalibration:
@@ -224,7 +227,7 @@ class SpreadCalibration:
 
     def fit_validation(self, needed: np.ndarray, known_at: np.ndarray) -> np.ndarray:
         """Factors needed by the validation windows `(W, T, Dy)`, known at `(W, T)` -> `(T, Dy)`."""
-        self.static = conformal_spread_scale(torch.as_tensor(needed, dtype=torch.float64), self.coverage).numpy()
+        self.static = conformal_by_step(np.asarray(needed, dtype=np.float64), self.coverage)
         self._needed, self._known, self._sorted = [], [], None
         self.add(needed, known_at)
         return self.static
