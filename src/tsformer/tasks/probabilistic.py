@@ -137,7 +137,9 @@ class SampleForecast(Forecast):
     def with_spread_scale(self, scale):
         median = self.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, Dy)
         scale = scale.expand(median.shape[0], *scale.shape[-2:]).unsqueeze(1)  # (B, 1, T, Dy)
-        return SampleForecast(median + scale * (self.samples - median), self.point_kind)  # (B, S, T, Dy)
+        rescaled = SampleForecast(median + scale * (self.samples - median), self.point_kind)  # (B, S, T, Dy)
+        rescaled._ordered = median + scale * (self.ordered - median)  # a map increasing in x keeps the order: no new sort
+        return rescaled
 
 
 @dataclass
