@@ -23,7 +23,9 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
 - tsformer-enc_dec: encoder-decoder, RevIN + channel independence + encoder patches 16/8, one
   decoder layer (d_model 64, 2 encoder layers); the forecast is generated step by step at test time;
 - tsformer-dec_only: decoder-only, RevIN + channel independence, one token per step (d_model 64,
-  2 layers); generated step by step at test time.
+  2 layers); generated step by step at test time;
+- tsformer-dec_only-patch16: the same with patch tokens of 16 steps side by side (TimesFM's design),
+  generated 16 steps (one token) at a time.
 
 Rows `nf-<name>` (when `neuralforecast` is importable) are neuralforecast's PatchTST, iTransformer and
 VanillaTransformer, trained by `NeuralForecast.cross_validation(step_size=1, refit=False,
@@ -98,6 +100,8 @@ OURS = {
         "model.net.n_decoder_layers=1",
     ],
     "tsformer-dec_only": ["model=dec_only", "model.revin=true", "model.channel_independent=true"],
+    "tsformer-dec_only-patch16": ["model=dec_only", "model.revin=true", "model.channel_independent=true",
+                                  "model.patch_len=16"],
 }
 PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer")
 QUICK = [
@@ -400,7 +404,8 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
 
 # -- throughput -------------------------------------------------------------------------------------
 
-THROUGHPUT_MODELS = ["tsformer-enc_only_forecast", "tsformer-enc_dec", "tsformer-dec_only", "nf-VanillaTransformer"]
+THROUGHPUT_MODELS = ["tsformer-enc_only_forecast", "tsformer-enc_dec", "tsformer-dec_only", "tsformer-dec_only-patch16",
+                     "nf-VanillaTransformer"]
 
 
 def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dict:
@@ -416,12 +421,10 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
 
         from tsformer.train import compose_config
 
-        family = OURS[name][0].split("=")[1]
-        overrides = ["experiment=ett", f"model={family}", f"model.context_len={L}", f"model.horizon={H}",
+        # the row's own model and options (patches, decoder layers), then the common size and batch layout
+        overrides = ["experiment=ett", *OURS[name], f"model.context_len={L}", f"model.horizon={H}",
                      "model.revin=true", "model.channel_independent=true", f"model.net.d_model={d_model}",
                      "model.net.n_heads=4", "model.net.n_layers=2", "model.net.ffn_expansion=4", "model.net.dropout=0.0"]
-        if family == "enc_dec":
-            overrides.append("model.net.n_decoder_layers=1")
         cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
         task = instantiate(cfg.model, _convert_="all", **sizes)
         net = task

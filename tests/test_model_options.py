@@ -29,6 +29,11 @@ N, M, DY, DK, DO = 12, 6, 3, 2, 1
 FAMILIES = [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster]
 REVIN = {"off": {}, "on": {"revin": True}, "affine": {"revin": True, "revin_affine": True}}
 PATCHES = {"steps": {}, "patches": {"patch_len": 4, "patch_stride": 2}}
+DEC_ONLY_PATCHES = {"patch_len": 3}  # side by side, N and M whole patches
+
+
+def patch_options(cls, p: str) -> dict:
+    return DEC_ONLY_PATCHES if p == "patches" and cls is DecoderOnlyForecaster else PATCHES[p]
 
 
 def combos(families=FAMILIES, revin=tuple(REVIN)) -> list:
@@ -37,7 +42,7 @@ def combos(families=FAMILIES, revin=tuple(REVIN)) -> list:
     for cls, r, ci, p in itertools.product(families, revin, [False, True], PATCHES):
         if p == "patches" and "patch_len" not in cls.supported_options:
             continue
-        opts = {**REVIN[r], **PATCHES[p], **({"channel_independent": True} if ci else {})}
+        opts = {**REVIN[r], **patch_options(cls, p), **({"channel_independent": True} if ci else {})}
         out.append(pytest.param(cls, opts, id=f"{cls.family}-revin_{r}-{'ci' if ci else 'joint'}-{p}"))
     return out
 
@@ -280,8 +285,6 @@ def test_models_read_patch_tokens():
 
 
 def test_options_a_family_does_not_support_are_refused():
-    with pytest.raises(ValueError, match="model.patch_len is not an option of the dec_only family"):
-        make_task(DecoderOnlyForecaster, {"patch_len": 4})
     for option in ({"revin": True}, {"channel_independent": True}, {"patch_len": 4}):
         with pytest.raises(ValueError, match="not an option of the enc_only family"):
             ReconstructionTask(net=NET, d_target=2, d_known=2, d_observed=0, context_len=N, horizon=0, **option)
@@ -289,6 +292,18 @@ def test_options_a_family_does_not_support_are_refused():
         make_task(EncoderForecaster, {"patch_stride": 2})
     with pytest.raises(ValueError, match="needs model.revin=true"):
         make_task(EncoderForecaster, {"revin_affine": True})
+
+
+def test_decoder_only_patches_are_side_by_side_and_whole():
+    """The decoder-only family generates a patch per token: no overlap, and the history (N = 12)
+    and the horizon (M = 6) cut into whole patches; anything else is refused with the setting named."""
+    make_task(DecoderOnlyForecaster, {"patch_len": 3, "patch_stride": 3})
+    with pytest.raises(ValueError, match=r"model.patch_stride=2: .* must be null or equal model.patch_len \(4\)"):
+        make_task(DecoderOnlyForecaster, {"patch_len": 4, "patch_stride": 2})
+    with pytest.raises(ValueError, match=r"model.horizon=6 is not a whole number of patches of model.patch_len=4"):
+        make_task(DecoderOnlyForecaster, {"patch_len": 4})
+    with pytest.raises(ValueError, match=r"model.context_len=12 is not a whole number of patches of model.patch_len=5"):
+        make_task(DecoderOnlyForecaster, {"patch_len": 5}, horizon=10)
 
 
 # -- the PatchTST preset and the model folder -----------------------------------------------------
@@ -333,6 +348,7 @@ ALL_OPTIONS = {"revin": True, "revin_affine": True, "channel_independent": True}
         (EncoderForecaster, ALL_OPTIONS | {"patch_len": 4, "patch_stride": 2}),
         (EncoderDecoderForecaster, ALL_OPTIONS | {"patch_len": 4, "patch_stride": 3}),
         (DecoderOnlyForecaster, ALL_OPTIONS),
+        (DecoderOnlyForecaster, ALL_OPTIONS | DEC_ONLY_PATCHES),
     ],
     ids=lambda v: v.family if isinstance(v, type) else "",
 )

@@ -120,6 +120,45 @@ def test_decoder_only_cached_equals_uncached(positional, norm, fused):
     assert (tf - cached).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_decoder_only_patches_cached_equals_uncached_and_teacher_forced(positional, fused):
+    """Patch tokens (P = 4): generated a patch at a time, with and without the cache, and a
+    teacher-forced pass over the generated values gives them back."""
+    model = dec_only(positional, fused_attention=fused, patch_len=4)
+    torch.manual_seed(1)
+    hist_y, hist_k, fut_k = torch.randn(3, 20, 2), torch.randn(3, 20, 3), torch.randn(3, 16, 3)
+    cached = model.generate(hist_y, hist_k, fut_k, use_cache=True)
+    uncached = model.generate(hist_y, hist_k, fut_k, use_cache=False)
+    assert cached.shape == (3, 16, 2)
+    assert (cached - uncached).abs().max() <= 1e-5
+    prev, known, labels = model.teacher_forcing(torch.cat([hist_y, cached], dim=1), torch.cat([hist_k, fut_k], dim=1))
+    assert prev.shape == (3, 32, 2) and torch.equal(labels[:, 16:], cached)  # labels start one patch in
+    with torch.no_grad():
+        tf = model(prev, known)[:, 16:]
+    assert (tf - cached).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_decoder_only_patch_reads_nothing_of_its_own_patch(positional):
+    """Output step i predicts target i + P from the inputs of its patch and before: a change of input
+    step t moves the outputs of t's patch and later ones, never those of earlier patches."""
+    model = dec_only(positional, patch_len=4)
+    y, k = torch.randn(2, 16, 2), torch.randn(2, 16, 3)
+    t = 9  # in patch 2 (steps 8..11)
+    y2, k2 = y.clone(), k.clone()
+    y2[:, t] += 5.0
+    k2[:, t] -= 3.0
+    with torch.no_grad():
+        a, b = model(y, k), model(y2, k2)
+    assert (a[:, :8] - b[:, :8]).abs().max() <= 1e-6
+    assert (a[:, 8:12] - b[:, 8:12]).abs().min() > 0  # the whole patch moves together
+    with pytest.raises(ValueError, match="not a whole number of patches of patch_len=4"):
+        model.generate(y[:, :10], k[:, :10], k[:, :8])
+    with pytest.raises(ValueError, match="patch_stride must be null or equal patch_len"):
+        DecoderOnlyConfig(patch_len=4, patch_stride=2)
+
+
 @pytest.mark.parametrize("positional,norm,fused", CASES)
 @pytest.mark.parametrize("start_token", ["last", "go"])
 def test_encoder_decoder_cached_equals_uncached(positional, norm, fused, start_token):
@@ -216,7 +255,7 @@ def test_decoder_only_learns_to_forecast():
     model = DecoderOnly(DecoderOnlyConfig(d_target=1, d_known=1, **TINY))
 
     def loss_fn(i):
-        y_prev, known, labels = DecoderOnly.teacher_forcing(y[i], u[i])
+        y_prev, known, labels = model.teacher_forcing(y[i], u[i])
         return F.mse_loss(model(y_prev, known), labels)
 
     train(model, loss_fn, len(y))

@@ -82,6 +82,9 @@ RUNS = {
     "enc_only_forecast-gaussian-revin-ci": ["model=enc_only_forecast", "head=gaussian", "model.revin=true",
                                             "model.channel_independent=true"],
     "enc_only-gaussian": ["model=enc_only", "head=gaussian"],
+    # patch tokens: paths sampled a patch of 10 steps at a time (60 and 30 steps: whole patches)
+    "dec_only-gaussian-patches-revin-ci": ["model=dec_only", "head=gaussian", "model.patch_len=10", "model.revin=true",
+                                           "model.channel_independent=true"],
 }
 
 

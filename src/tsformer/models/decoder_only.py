@@ -14,6 +14,17 @@ Inference (`generate`) feeds the model's own predictions back step by step. With
 new step projects only the new token; without it the whole sequence is re-run every step. Both give
 the same result (tested); the cache makes a step cost O(t) instead of O(t^2).
 
+Patch tokens (`patch_len` P, TimesFM's design: Das et al., ICML 2024): a token is P steps side by
+side instead of one, and generation goes a patch at a time:
+
+    token_j = Embed(targets of patch j-1, known of patch j)   ->   predicts the P targets of patch j
+
+P = 1 is the step-level model above. A window of T steps is T / P tokens, so attention costs
+(T / P)^2 and a horizon of M steps takes M / P decoder passes; the price is that the P steps of a
+patch are predicted together from what was known before it (with a distribution head, their draws
+are independent given the earlier patches: a sampled path is joint from patch to patch only). The
+history and the horizon must be whole patches. Token j sits at position j (patch index).
+
 With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per channel
 and `generate` is given `draw`, which turns a step's output into the value fed back: the point value
 for a deterministic rollout, a random draw for sampled trajectories. `num_samples` paths per window
@@ -42,26 +53,43 @@ class DecoderOnlyConfig(TransformerConfig):
     d_target: int = 1  # autoregressive channels: targets (and past-only covariates, if any)
     d_known: int = 0  # covariates known for the future
     n_params: int = 1  # outputs per channel: 1 for a point forecast, the distribution's parameters otherwise
+    patch_len: int | None = None  # steps per token, side by side (None: 1, one token per step)
+    patch_stride: int | None = None  # only None or = patch_len: generated patches cannot overlap
+
+    def __post_init__(self):
+        if self.patch_len is not None and self.patch_len < 1:
+            raise ValueError(f"patch_len must be >= 1, got {self.patch_len}")
+        if self.patch_stride is not None and self.patch_stride != self.patch_len:
+            raise ValueError(
+                f"the decoder-only family generates patches side by side: patch_stride must be null or equal "
+                f"patch_len ({self.patch_len}), got {self.patch_stride}"
+            )
 
 
 class DecoderOnly(nn.Module):
     def __init__(self, cfg: DecoderOnlyConfig):
         super().__init__()
         self.cfg = cfg
-        self.input_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
+        self.patch = cfg.patch_len or 1  # P steps per token
+        self.input_proj = InputProjection(self.patch * (cfg.d_target + cfg.d_known), cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
         self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True, rope=rope)
-        self.head = nn.Linear(cfg.d_model, cfg.d_target * cfg.n_params)
+        self.head = nn.Linear(cfg.d_model, self.patch * cfg.d_target * cfg.n_params)
 
-    @staticmethod
-    def teacher_forcing(target: torch.Tensor, known: torch.Tensor):
-        """A window `target (B, L, Dy)`, `known (B, L, Dk)` -> model inputs and labels of L - 1 tokens.
+    def teacher_forcing(self, target: torch.Tensor, known: torch.Tensor):
+        """A window `target (B, L, Dy)`, `known (B, L, Dk)` -> model inputs and labels of L - P steps.
 
-        Returns `(target_prev (B, L-1, Dy), known (B, L-1, Dk), labels (B, L-1, Dy))`: token t holds
-        the true target of step t - 1 and the known covariates of step t, and is trained on target t.
+        Returns `(target_prev (B, L-P, Dy), known (B, L-P, Dk), labels (B, L-P, Dy))`: the input of
+        step t is the true target of step t - P and the known covariates of step t, and step t is
+        trained on target t (P = 1: token t holds target t - 1 and predicts target t).
         """
-        return target[:, :-1], known[:, 1:], target[:, 1:]
+        P = self.patch
+        return target[:, :-P], known[:, P:], target[:, P:]
+
+    def check_whole_patches(self, n_steps: int, what: str) -> None:
+        if n_steps % self.patch:
+            raise ValueError(f"{what} of {n_steps} steps is not a whole number of patches of patch_len={self.patch}")
 
     def forward(
         self,
@@ -72,20 +100,28 @@ class DecoderOnly(nn.Module):
     ) -> torch.Tensor:
         """target_prev: `(B, T, Dy)`, known: `(B, T, Dk)` -> predictions `(B, T, Dy * n_params)`.
 
-        valid: `(B, T)` bool, True on real tokens (padding). cache: continue after the tokens
-        already in the cache (their positions come first).
+        Step t of the output predicts the target of step t from target_prev up to the end of the
+        patch before it (P = 1: up to step t) and the known covariates up to the end of its own
+        patch. T must be whole patches. valid: `(B, T)` bool, True on real steps (padding; one token
+        per step only). cache: continue after the tokens already in the cache (they come first).
         """
         B, T, _ = target_prev.shape
+        P = self.patch
+        self.check_whole_patches(T, "an input")
+        if valid is not None and P > 1:
+            raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
         if known is None:
             known = target_prev.new_zeros(B, T, 0)
+        K = T // P  # tokens
         start = cache.length if cache is not None else 0
-        self.positional.check_length(start + T)
-        positions = torch.arange(start, start + T, device=target_prev.device)
+        self.positional.check_length(start + K)
+        positions = torch.arange(start, start + K, device=target_prev.device)
         tokens = torch.cat([target_prev, known], dim=-1)  # (B, T, Dy + Dk)
-        h = self.dropout(self.positional(self.input_proj(tokens), positions))  # (B, T, d_model)
+        tokens = tokens.reshape(B, K, P * tokens.shape[-1])  # (B, K, P * (Dy + Dk)), step-major in a patch
+        h = self.dropout(self.positional(self.input_proj(tokens), positions))  # (B, K, d_model)
         mask = padding_mask(valid) if valid is not None else None
         h = self.decoder(h, mask=mask, positions=positions, cache=cache)
-        return self.head(h)  # (B, T, Dy * n_params)
+        return self.head(h).reshape(B, T, -1)  # (B, K, P * Dy * n_params) -> (B, T, Dy * n_params)
 
     @torch.no_grad()
     def generate(
@@ -114,31 +150,34 @@ class DecoderOnly(nn.Module):
                 raise ValueError("give fut_known (B, M, Dk) or horizon")
             fut_known = hist_target.new_zeros(B, horizon, 0)
         M = fut_known.shape[1]
+        P = self.patch
+        self.check_whole_patches(N, "a history")
+        self.check_whole_patches(M, "a horizon")
         if hist_known is None:
             hist_known = hist_target.new_zeros(B, N, fut_known.shape[2])
         known = torch.cat([hist_known, fut_known], dim=1)  # (B, N + M, Dk)
-        n_tokens = N + M - 1  # the last prediction is never fed back
+        n_tokens = (N + M) // P - 1  # the last patch predicted is never fed back
         self.positional.check_length(n_tokens)  # refuse before any work is done
 
         cache = KVCache(len(self.decoder.blocks), max_len=n_tokens) if use_cache else None
-        # Prefill: tokens for steps 1..N carry the observed targets 0..N-1; the last one predicts step N.
-        # It is the same for every path of a window: run once, its K/V then shared by the S paths.
-        out = self(hist_target, known[:, 1 : N + 1], cache=cache)[:, -1:]  # (B, 1, Dy * P)
-        target_prev = hist_target  # (B, N, Dy), grown step by step without the cache
+        # Prefill: the tokens of patches 1..N/P carry the observed targets of patches 0..N/P-1; the
+        # last one predicts the first future patch, steps N..N+P-1. It is the same for every path of
+        # a window: run once, its K/V then shared by the S paths.
+        out = self(hist_target, known[:, P : N + P], cache=cache)[:, -P:]  # (B, P, Dy * n_params)
+        target_prev = hist_target  # (B, N, Dy), grown patch by patch without the cache
         if num_samples > 1:
             S = num_samples
             out, known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, known, target_prev))  # (B * S, ...)
             if cache is not None:
                 cache.share(S)
-        next_value = draw(out)  # (B * S, 1, Dy)
+        next_value = draw(out)  # (B * S, P, Dy)
         values = [next_value]
-        for m in range(1, M):
-            step = N + m  # the step predicted now; its token carries the value of step - 1
-            if use_cache:
-                out = self(next_value, known[:, step : step + 1], cache=cache)[:, -1:]
+        for step in range(N + P, N + M, P):  # the first step of the patch predicted now
+            if use_cache:  # its token carries the values of the patch before
+                out = self(next_value, known[:, step : step + P], cache=cache)[:, -P:]
             else:
                 target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, step, Dy)
-                out = self(target_prev, known[:, 1 : step + 1])[:, -1:]
+                out = self(target_prev, known[:, P : step + P])[:, -P:]
             next_value = draw(out)
             values.append(next_value)
         return torch.cat(values, dim=1)  # (B * S, M, Dy)

@@ -2,8 +2,9 @@
 
 - `EncoderDecoderForecaster` (`enc_dec`): the encoder reads the history (targets and all
   covariates); the decoder is teacher-forced in training and generates the M steps at evaluation.
-- `DecoderOnlyForecaster` (`dec_only`): one token per step over history + future; teacher-forced
-  over the whole window in training, generated step by step after the history at evaluation.
+- `DecoderOnlyForecaster` (`dec_only`): one token per step (or per patch) over history + future;
+  teacher-forced over the whole window in training, generated step by step (patch by patch) after
+  the history at evaluation.
   Past-only (observed) covariates are predicted and fed back like targets (unknown in the future).
 - `EncoderForecaster` (`enc_only_forecast`): the encoder-only model whose outputs are mapped to M
   steps by one linear layer; the documents' point of comparison for the encoder-decoder. So that
@@ -18,7 +19,8 @@ Model options (each family's `supported_options`; README "Model options"): RevIN
 independence wrap all three families the same way, outside them (`model_options.py`); patch tokens
 (`nn/patching.py`) are cut from the encoder-only forecaster's token sequence (history [+ future
 known steps]) and from the encoder-decoder's history (its decoder keeps one token per future step);
-the decoder-only family takes no patches, since it generates one step per token.
+the decoder-only family takes patches side by side over its whole window and generates a patch per
+token (`model.patch_stride` null or equal to `model.patch_len`; context and horizon whole patches).
 
 Output heads (`nn/heads.py`): every family's network gives the head's `n_params` outputs per
 channel. The autoregressive families (`enc_dec`, `dec_only`) feed back the head's point value in a
@@ -95,13 +97,29 @@ class EncoderDecoderForecaster(_Forecaster):
 class DecoderOnlyForecaster(_Forecaster):
     family = "dec_only"
     autoregressive = True
-    supported_options = frozenset({"revin", "channel_independent"})
+    supported_options = frozenset({"revin", "channel_independent", "patch_len"})
 
     def build_forecaster(self, net: dict) -> DecoderOnly:
         hp = self.hparams
+        if hp.patch_len is not None:  # the window is cut into patches side by side: both parts whole
+            if hp.patch_stride not in (None, hp.patch_len):
+                raise ValueError(
+                    f"model.patch_stride={hp.patch_stride}: the decoder-only family generates patches side by "
+                    f"side, so model.patch_stride must be null or equal model.patch_len ({hp.patch_len})"
+                )
+            for name, n in (("model.context_len", hp.context_len), ("model.horizon", hp.horizon)):
+                if n % hp.patch_len:
+                    raise ValueError(
+                        f"{name}={n} is not a whole number of patches of model.patch_len={hp.patch_len}: "
+                        f"the decoder-only family generates a patch per token"
+                    )
         return DecoderOnly(
             DecoderOnlyConfig(
-                **net, d_target=self.d_target_net + hp.d_observed, d_known=self.d_known_in, n_params=self.head.n_params
+                **net,
+                **self.patch_args,
+                d_target=self.d_target_net + hp.d_observed,
+                d_known=self.d_known_in,
+                n_params=self.head.n_params,
             )
         )
 
@@ -115,8 +133,9 @@ class DecoderOnlyForecaster(_Forecaster):
             dim=1,
         )  # (B, N + M, Dy + Do)
         known = torch.cat([batch["hist_known"], batch["fut_known"]], dim=1)  # (B, N + M, Dk)
-        prev, known_next, labels = DecoderOnly.teacher_forcing(auto, known)
-        valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[:, 1:]  # (B, N + M - 1), as labels
+        prev, known_next, labels = self.net.teacher_forcing(auto, known)
+        P = self.net.patch  # labels start one patch (P = 1: one step) into the window
+        valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[:, P:]  # (B, N + M - P), as labels
         return self.net(prev, known_next), labels, valid
 
     def predict_target(self, batch: dict) -> torch.Tensor:
