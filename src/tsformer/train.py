@@ -86,6 +86,7 @@ class RunResult:
     n_params: int
     fit_seconds: float
     train_steps: int  # optimizer steps the fit made (early stopping may end it before max_epochs)
+    window_mse: np.ndarray  # (W,) each test window's MSE over its valid steps (scaled units), in window order
 
 
 def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
@@ -220,7 +221,15 @@ def run(cfg: DictConfig) -> RunResult | None:
         n_params=sum(p.numel() for p in task.net.parameters()),
         fit_seconds=fit_seconds,
         train_steps=trainer.global_step,
+        window_mse=_window_mse(outputs),
     )
+
+
+def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
+    """`(W,)`: the squared error of each test window averaged over its valid steps and variables."""
+    sq = (outputs["pred"] - outputs["true"]) ** 2 * outputs["valid"][..., None]  # (W, T, Dy)
+    n = outputs["valid"].sum(axis=1) * sq.shape[-1]  # (W,)
+    return sq.sum(axis=(1, 2)) / np.maximum(n, 1)
 
 
 def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
