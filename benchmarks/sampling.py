@@ -6,7 +6,7 @@
 Both run the same network (decoder-only and encoder-decoder, with a Student-t head) on the same
 batch: the point rollout feeds back the point value (one path per window, B sequences); sampling
 feeds back a random draw (S paths per window, B * S sequences in one batch: the history is run once
-per window and its cache copied to the paths). Repeats are interleaved (point, sampled, point, ...)
+per window and its keys/values are shared by the paths, `KVCache.share`, not copied). Repeats are interleaved (point, sampled, point, ...)
 so that a noisy neighbour on a shared machine hits both alike; the ratio of the medians is printed.
 Issue 7 asks for less than 5x at 64 windows x 100 paths x 18 steps.
 """
