@@ -144,7 +144,7 @@ class DecoderOnly(nn.Module):
         b * num_samples .. (b + 1) * num_samples - 1.
         """
         draw = draw or (lambda out: out)
-        B, N, Dy = hist_target.shape
+        B, N, _ = hist_target.shape
         if fut_known is None:
             if horizon is None:
                 raise ValueError("give fut_known (B, M, Dk) or horizon")
