@@ -104,28 +104,11 @@ CASES = list(itertools.product(POSITIONALS, NORMS, [True, False]))
 
 
 @pytest.mark.parametrize("positional,norm,fused", CASES)
-def test_decoder_only_cached_equals_uncached(positional, norm, fused):
-    model = dec_only(positional, norm, fused_attention=fused)
-    torch.manual_seed(1)
-    hist_y, hist_k, fut_k = torch.randn(3, 20, 2), torch.randn(3, 20, 3), torch.randn(3, 15, 3)
-    cached = model.generate(hist_y, hist_k, fut_k, use_cache=True)
-    uncached = model.generate(hist_y, hist_k, fut_k, use_cache=False)
-    assert cached.shape == (3, 15, 2)
-    assert (cached - uncached).abs().max() <= 1e-5
-    # and both equal a teacher-forced pass fed with the generated values
-    y_full = torch.cat([hist_y, cached], dim=1)
-    k_full = torch.cat([hist_k, fut_k], dim=1)
-    with torch.no_grad():
-        tf = model(y_full[:, :-1], k_full[:, 1:])[:, 19:]
-    assert (tf - cached).abs().max() <= 1e-5
-
-
-@pytest.mark.parametrize("positional", POSITIONALS)
-@pytest.mark.parametrize("fused", [True, False])
-def test_decoder_only_patches_cached_equals_uncached_and_teacher_forced(positional, fused):
-    """Patch tokens (P = 4): generated a patch at a time, with and without the cache, and a
-    teacher-forced pass over the generated values gives them back."""
-    model = dec_only(positional, fused_attention=fused, patch_len=4)
+@pytest.mark.parametrize("patch_len", [None, 4])
+def test_decoder_only_cached_equals_uncached(positional, norm, fused, patch_len):
+    """Generated step by step (patch_len=4: a patch at a time), with and without the cache; both equal
+    a teacher-forced pass fed with the generated values."""
+    model = dec_only(positional, norm, fused_attention=fused, patch_len=patch_len)
     torch.manual_seed(1)
     hist_y, hist_k, fut_k = torch.randn(3, 20, 2), torch.randn(3, 20, 3), torch.randn(3, 16, 3)
     cached = model.generate(hist_y, hist_k, fut_k, use_cache=True)
@@ -133,9 +116,10 @@ def test_decoder_only_patches_cached_equals_uncached_and_teacher_forced(position
     assert cached.shape == (3, 16, 2)
     assert (cached - uncached).abs().max() <= 1e-5
     prev, known, labels = model.teacher_forcing(torch.cat([hist_y, cached], dim=1), torch.cat([hist_k, fut_k], dim=1))
-    assert prev.shape == (3, 32, 2) and torch.equal(labels[:, 16:], cached)  # labels start one patch in
+    P = patch_len or 1
+    assert prev.shape == (3, 36 - P, 2) and torch.equal(labels[:, -16:], cached)  # labels start one patch in
     with torch.no_grad():
-        tf = model(prev, known)[:, 16:]
+        tf = model(prev, known)[:, -16:]
     assert (tf - cached).abs().max() <= 1e-5
 
 
