@@ -18,7 +18,7 @@ from tsformer.tasks.probabilistic import (
     QuantileFunctionForecast,
     SampleForecast,
     SpreadCalibration,
-    conformal_spread_scale,
+    conformal_by_step,
     scores,
     spread_needed,
 )
@@ -37,12 +37,12 @@ def gaussian_forecast(loc: torch.Tensor, sd: torch.Tensor) -> QuantileFunctionFo
 
 def test_conformal_factor_is_the_split_conformal_order_statistic():
     needed = torch.arange(1.0, 11.0)[torch.randperm(10)].view(10, 1, 1)  # 1..10 in any order, one step
-    assert conformal_spread_scale(needed, 0.8).item() == 9.0  # ceil(11 * 0.8) = 9th smallest
+    assert conformal_by_step(needed.numpy(), 0.8).item() == 9.0  # ceil(11 * 0.8) = 9th smallest
     with_gaps = torch.cat([needed, torch.full((5, 1, 1), float("nan"))])  # steps not scored are left out
-    assert conformal_spread_scale(with_gaps, 0.8).item() == 9.0
+    assert conformal_by_step(with_gaps.numpy(), 0.8).item() == 9.0
     few = torch.tensor([3.0, 1.0]).view(2, 1, 1)  # ceil(3 * 0.8) = 3 > n: the largest
-    assert conformal_spread_scale(few, 0.8).item() == 3.0
-    assert conformal_spread_scale(torch.full((4, 1, 1), float("nan")), 0.8).item() == 1.0  # nothing scored
+    assert conformal_by_step(few.numpy(), 0.8).item() == 3.0
+    assert conformal_by_step(np.full((4, 1, 1), np.nan), 0.8).item() == 1.0  # nothing scored
 
 
 @pytest.mark.parametrize("true_sd_per_forecast_sd", [2.5, 0.3])  # a forecast too sharp, then too wide
@@ -58,7 +58,7 @@ def test_calibration_on_validation_gives_80_percent_coverage_on_new_windows(true
         return gaussian_forecast(loc, sd.expand(n, T, D)), truth
 
     val_forecast, val_truth = windows(2000)
-    scale = conformal_spread_scale(spread_needed(val_forecast, val_truth))  # (T, D)
+    scale = torch.as_tensor(conformal_by_step(spread_needed(val_forecast, val_truth).numpy(), 0.8), dtype=torch.float32)  # (T, D)
     test_forecast, test_truth = windows(4000)
     raw = scores(test_forecast, test_truth, [0.5])["coverage_80"].mean(dim=0)  # (T, D)
     calibrated_forecast = test_forecast.with_spread_scale(scale)
@@ -101,7 +101,7 @@ def test_rolling_factor_reads_only_truths_known_at_the_origin_within_the_window(
     val_known = t0 + np.arange(40)[:, None] * day + np.arange(T)[None, :] * day  # (40, T)
     calibration = SpreadCalibration("30D", coverage=0.8)
     static = calibration.fit_validation(val_needed, val_known)
-    assert np.allclose(static, conformal_spread_scale(torch.as_tensor(val_needed)).numpy())
+    assert np.allclose(static, conformal_by_step(val_needed, 0.8))
 
     origin = t0 + 43 * day
 

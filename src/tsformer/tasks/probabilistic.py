@@ -206,11 +206,6 @@ def conformal_by_step(needed: np.ndarray, coverage: float) -> np.ndarray:
     return np.stack([conformal_factor(needed[:, t], coverage, ones) for t in range(needed.shape[1])])
 
 
-def conformal_spread_scale(needed: torch.Tensor, coverage: float = CENTRAL_80_COVERAGE) -> torch.Tensor:
-    """`conformal_by_step` for tensors."""
-    return torch.as_tensor(conformal_by_step(needed.double().numpy(), coverage), dtype=needed.dtype)
-
-
 class SpreadCalibration:
     """The spread factors of the module docstring, from the factors scored windows needed.
 
