@@ -39,7 +39,11 @@ both are recorded and must agree.
 Budget: our rows train `--epochs` epochs of batches of 32 windows (`--max-train-batches` caps the
 batches per epoch; validation every epoch, the best epoch's checkpoint is tested); the peers train
 the same number of optimizer steps with the same windows per step (univariate models: 32 x 7
-channel windows per step; iTransformer, multivariate: 32 windows of 7 channels), loss MSE.
+channel windows per step; iTransformer, multivariate: 32 windows of 7 channels), loss MSE, validated
+after each epoch's worth of steps and stopped, as our rows, after `--peer-patience` (3) validations
+without improvement (neuralforecast then keeps its last weights; ours test the best epoch's).
+Without that, a peer given many epochs overfits: nf-PatchTST at ETTh1 L=512 with 10 epochs' steps and
+no early stopping scored 0.417 / 0.558 / 0.542 / 0.610 (H = 96 / 192 / 336 / 720; H100, 2026-11-22).
 
 `--throughput` times training steps (forward, backward, AdamW step) on one fixed batch (data loading
 excluded) for our families and neuralforecast's VanillaTransformer at the same width, depth and batch,
@@ -235,7 +239,10 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
 # -- neuralforecast peers ---------------------------------------------------------------------------
 
 
-def nf_model(name: str, L: int, H: int, steps: int, quick: bool, seed: int):
+def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: int, quick: bool, seed: int):
+    """neuralforecast's model `name` for a budget of `steps` optimizer steps; validated every `per_epoch`
+    steps (our rows: every epoch) and stopped after `patience` validations without improvement (our
+    rows' early stopping; neuralforecast then keeps its last weights, ours the best epoch's)."""
     from neuralforecast.losses.pytorch import MSE
     from neuralforecast.models import PatchTST, VanillaTransformer, iTransformer
 
@@ -244,15 +251,15 @@ def nf_model(name: str, L: int, H: int, steps: int, quick: bool, seed: int):
         input_size=L,
         loss=MSE(),
         max_steps=steps,
-        val_check_steps=steps,  # validated once, at the end (our rows: every epoch)
-        early_stop_patience_steps=-1,
+        val_check_steps=min(per_epoch, steps),
+        early_stop_patience_steps=patience if patience > 0 and steps > per_epoch else -1,
         scaler_type="identity",  # the inputs are already scaled with the train-fitted StandardScaler
         random_seed=seed,
         inference_windows_batch_size=1024,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
-        accelerator="cpu",
+        accelerator="auto",  # the GPU when there is one, as our rows (trainer.accelerator=auto)
     )
     small = quick
     if name == "nf-PatchTST":  # PatchTST/64 sizes, as our preset
@@ -297,7 +304,7 @@ def nf_model(name: str, L: int, H: int, steps: int, quick: bool, seed: int):
     raise ValueError(name)
 
 
-def run_peer(name, dataset, L, H, dm, steps: int, args) -> dict:
+def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     import mlflow
     from neuralforecast import NeuralForecast
 
@@ -311,7 +318,7 @@ def run_peer(name, dataset, L, H, dm, steps: int, args) -> dict:
         [pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]}) for j, col in enumerate(dm.target_names)],
         ignore_index=True,
     )
-    model, sizes = nf_model(name, L, H, steps, args.quick, args.seed)
+    model, sizes = nf_model(name, L, H, steps, per_epoch, args.peer_patience, args.quick, args.seed)
     nf = NeuralForecast(models=[model], freq="h" if k == 1 else "15min")
     start = time.perf_counter()
     cv = nf.cross_validation(df=df, n_windows=None, val_size=2880 * k, test_size=2880 * k, step_size=1, refit=False)
@@ -332,7 +339,9 @@ def run_peer(name, dataset, L, H, dm, steps: int, args) -> dict:
     err = (cv.y - cv[pred_col]).to_numpy(np.float64)
     window_mse = (cv.y - cv[pred_col]).pow(2).groupby(cv.cutoff).mean().sort_index().to_numpy(np.float64)  # (W,)
     n_params = sum(p.numel() for p in nf.models[0].parameters())
+    trajectory = nf.models[0].train_trajectories  # (global_step, loss) of every training step made
     row = {
+        "steps": trajectory[-1][0] + 1 if trajectory else steps,  # fewer than the budget after early stopping
         "mse": float((err**2).mean()),
         "mae": float(np.abs(err).mean()),
         "train_s": seconds,
@@ -466,9 +475,15 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
             out = model(windows)
             return torch.nn.functional.mse_loss(out.reshape(len(y), H), y)
 
-    net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    net.to(device).train()
+    if name.startswith("tsformer-"):
+        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    else:
+        windows = {k: v.to(device) for k, v in windows.items()}
+        y = y.to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
 
     def step():
         opt.zero_grad()
@@ -482,6 +497,8 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
     start = time.perf_counter()
     for _ in range(steps):
         step()
+    if cuda:
+        torch.cuda.synchronize()  # kernels are queued asynchronously: wait for the last step's
     seconds = time.perf_counter() - start
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
@@ -528,6 +545,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-train-batches", type=int, default=None, help="cap on batches per epoch (all: the protocol's epoch)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peer-patience", type=int, default=3,
+                        help="the peers stop after this many epochs' validations without improvement, as our rows "
+                        "(experiment=ett: callbacks.early_stopping.patience=3); 0: they train every step")
     parser.add_argument("--quick", action="store_true", help="tiny models, 3 batches: checks the script runs")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a train.py override for our rows (repeatable), e.g. --override data.batch_size=128; "
@@ -579,9 +599,9 @@ def main() -> None:
                 for m in models:
                     if m in PEERS and not have_nf:
                         continue
-                    row = run_ours(m, d, L, H, args, out_root) if m in OURS else run_peer(m, d, L, H, dm, steps, args)
+                    row = run_ours(m, d, L, H, args, out_root) if m in OURS else run_peer(m, d, L, H, dm, steps, per_epoch, args)
                     # steps: our rows, the optimizer steps made (early stopping, --override data.batch_size);
-                    # peers, their fixed budget (max_steps, no early stopping)
+                    # peers, those made of their budget (max_steps; --peer-patience may stop them earlier)
                     row.setdefault("steps", steps)
                     row.update(model=m, dataset=d, L=L, H=H, expected_windows=protocol_test_windows(d, H))
                     row.setdefault("persistence_mse_ours", p_mse)
