@@ -74,21 +74,54 @@ def test_calibration_on_validation_gives_80_percent_coverage_on_new_windows(true
     assert torch.allclose(calibrated_forecast.point(), test_forecast.point(), atol=1e-6)
 
 
-def test_sampled_paths_are_rescaled_whole_about_the_median():
+def test_sampled_paths_take_the_rescaled_values_at_every_step():
     gen = torch.Generator().manual_seed(1)
     samples = torch.randn(3, 51, 4, 2, generator=gen).cumsum(dim=2)  # (B, S, T, D) random walks
     scale = torch.tensor([[0.5, 2.0], [1.0, 3.0], [1.5, 1.0], [2.0, 0.7]])  # (T, D)
     dist = SampleForecast(samples)
+    torch.manual_seed(0)
     rescaled = dist.with_spread_scale(scale)
     levels = [0.1, 0.25, 0.5, 0.9]
     median = dist.quantiles([0.5])  # (B, T, D, 1)
     expected = median + scale.unsqueeze(-1) * (dist.quantiles(levels) - median)
-    assert torch.allclose(rescaled.quantiles(levels), expected, atol=1e-5)
+    # each step holds exactly the values median + c (x - median): read again from the paths, not the cache
+    assert torch.allclose(SampleForecast(rescaled.samples).quantiles(levels), expected, atol=1e-5)
+    whole = median[..., 0].unsqueeze(1) + scale * (samples - median[..., 0].unsqueeze(1))  # (B, S, T, D)
+    assert torch.allclose(rescaled.samples.sort(dim=1).values, whole.sort(dim=1).values, atol=1e-5)
+    assert torch.allclose(rescaled.point(), whole.mean(dim=1), atol=1e-5)
+    torch.manual_seed(0)
     per_window = scale.expand(3, 4, 2)  # (B, T, D): the same factor given per window
     assert torch.allclose(dist.with_spread_scale(per_window).samples, rescaled.samples)
-    # each path keeps its side of the median at every step (its rank among the paths)
-    above = samples > median[..., 0].unsqueeze(1)
-    assert torch.equal(rescaled.samples > median[..., 0].unsqueeze(1), above)
+
+
+def test_paths_narrowed_are_rescaled_whole_about_the_median():
+    samples = torch.randn(3, 51, 4, 2, generator=torch.Generator().manual_seed(2)).cumsum(dim=2)
+    scale = torch.tensor([[0.5, 1.0], [0.8, 0.9], [1.0, 0.7], [0.6, 0.3]])  # (T, D), none above 1
+    dist = SampleForecast(samples)
+    median = dist.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, D)
+    assert torch.allclose(dist.with_spread_scale(scale).samples, median + scale * (samples - median), atol=1e-6)
+
+
+def lag1_of_changes(paths: torch.Tensor) -> float:
+    """Lag-1 autocorrelation of the step-to-step changes of paths `(B, S, T, 1)`, pooled."""
+    changes = paths[..., 0].diff(dim=-1).reshape(-1, paths.shape[2] - 1).numpy()
+    return float(np.corrcoef(changes[:, :-1].ravel(), changes[:, 1:].ravel())[0, 1])
+
+
+def test_paths_widened_keep_their_step_to_step_coherence():
+    """Paths = each window's smooth median path + fresh noise at every step, widened 3-fold. Rescaled
+    whole, the noise's jitter would dominate their changes; carried as one offset per path, the
+    widening leaves the changes' lag-1 autocorrelation where the model's paths had it."""
+    gen = torch.Generator().manual_seed(3)
+    B, S, T = 4, 200, 12
+    median_path = torch.randn(B, 1, T, 1, generator=gen).cumsum(dim=2)  # (B, 1, T, 1) random walks
+    samples = median_path + 0.3 * torch.randn(B, S, T, 1, generator=gen)  # (B, S, T, 1)
+    torch.manual_seed(0)
+    widened = SampleForecast(samples).with_spread_scale(torch.full((T, 1), 3.0)).samples
+    median = samples.quantile(0.5, dim=1, keepdim=True)
+    whole = median + 3.0 * (samples - median)
+    assert abs(lag1_of_changes(widened) - lag1_of_changes(samples)) < 0.05
+    assert lag1_of_changes(whole) < lag1_of_changes(samples) - 0.2  # what rescaling whole would do
 
 
 def test_rolling_factor_reads_only_truths_known_at_the_origin_within_the_window():

@@ -24,7 +24,8 @@ right for the training months can be wrong for the next ones. Every forecast is 
 narrowed) about its median by a factor per step and target variable, `median + c[t, d] (x - median)`,
 with c the smallest factor that would have made the central 80% interval cover 80% of earlier
 windows (a split-conformal quantile of the factors each window needed: `spread_needed`). Sampled
-paths are rescaled as whole paths, so a draw above the median stays above it at every step.
+paths: each step's values are rescaled so; where c > 1 the widened part is carried persistently by
+each path (`SampleForecast.with_spread_scale`), where c <= 1 the paths are rescaled whole.
 Which earlier windows (`model.head.calibration_window`):
 - a duration, e.g. `7D` (rolling, the default): for a forecast made at origin t, the windows whose
   truth at that step was known at t and at most that long before it: the validation windows, then
@@ -135,10 +136,29 @@ class SampleForecast(Forecast):
         return crps_from_samples(self.samples, y, self.ordered)
 
     def with_spread_scale(self, scale):
+        """Each step keeps exactly the values `median + scale (x - median)` of its paths (so the
+        quantiles, coverage and CRPS are those of the rescaled draws); which path carries which value
+        is decided as follows. Where `scale` <= 1 a path keeps its rank: the paths are rescaled whole.
+        Where `scale` > 1 the model sampled too little spread, and the spread it missed is taken to
+        persist over the horizon (on T1 the models' errors do: a wrong level lasts hours): each path
+        draws one offset z ~ N(0, 1) for the whole horizon, and at each step the paths are ranked by
+        their own standardised deviation plus sqrt(scale^2 - 1) z, the part of the widened spread the
+        model did not sample, and take the rescaled values in that order. Rescaling the paths whole
+        instead amplifies their step-to-step jitter with the spread (README "Probabilistic forecasts")."""
+        B, S = self.samples.shape[:2]
         median = self.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, Dy)
-        scale = scale.expand(median.shape[0], *scale.shape[-2:]).unsqueeze(1)  # (B, 1, T, Dy)
-        rescaled = SampleForecast(median + scale * (self.samples - median), self.point_kind)  # (B, S, T, Dy)
-        rescaled._ordered = median + scale * (self.ordered - median)  # a map increasing in x keeps the order: no new sort
+        scale = scale.expand(B, *scale.shape[-2:]).unsqueeze(1)  # (B, 1, T, Dy)
+        values = median + scale * (self.ordered - median)  # (B, S, T, Dy), sorted along the paths
+        if S < 2 or not bool((scale > 1).any()):
+            rescaled = SampleForecast(median + scale * (self.samples - median), self.point_kind)
+        else:
+            spread = self.samples.std(dim=1, keepdim=True).clamp_min(torch.finfo(self.samples.dtype).tiny)
+            z = torch.randn(B, S, 1, self.samples.shape[-1], dtype=self.samples.dtype, device=self.samples.device)
+            missed = (scale.square() - 1).clamp_min(0).sqrt()  # (B, 1, T, Dy): 0 where scale <= 1
+            score = (self.samples - median) / spread + missed * z  # (B, S, T, Dy)
+            rank = score.argsort(dim=1).argsort(dim=1)  # each path's rank at each step
+            rescaled = SampleForecast(values.gather(1, rank), self.point_kind)
+        rescaled._ordered = values  # the same values at each step: no new sort
         return rescaled
 
 
