@@ -38,6 +38,7 @@ import torch
 from hydra.utils import instantiate
 
 from tsformer.forecaster import Forecaster
+from tsformer.tasks.probabilistic import lag1_autocorrelation_of_changes
 from tsformer.train import compose_config, run
 
 DATASETS = {
@@ -55,13 +56,6 @@ COMMON = [
     "logger.mlflow.experiment_name=probabilistic-benchmark",
     "n_plot_windows=4",
 ]
-
-
-def lag1_autocorrelation_of_changes(paths: np.ndarray) -> float:
-    """Pooled lag-1 autocorrelation of the step-to-step changes of paths `(n_paths, M)`."""
-    d = np.diff(paths, axis=1)  # (n, M - 1)
-    a, b = d[:, :-1].ravel(), d[:, 1:].ravel()
-    return float(np.corrcoef(a, b)[0, 1])
 
 
 def coverage_standard_error(forecasts, block: str = "6h", n_boot: int = 2000, seed: int = 0) -> float:

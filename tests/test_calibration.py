@@ -19,6 +19,7 @@ from tsformer.tasks.probabilistic import (
     SampleForecast,
     SpreadCalibration,
     conformal_by_step,
+    lag1_autocorrelation_of_changes,
     scores,
     spread_needed,
 )
@@ -103,9 +104,8 @@ def test_paths_narrowed_are_rescaled_whole_about_the_median():
 
 
 def lag1_of_changes(paths: torch.Tensor) -> float:
-    """Lag-1 autocorrelation of the step-to-step changes of paths `(B, S, T, 1)`, pooled."""
-    changes = paths[..., 0].diff(dim=-1).reshape(-1, paths.shape[2] - 1).numpy()
-    return float(np.corrcoef(changes[:, :-1].ravel(), changes[:, 1:].ravel())[0, 1])
+    """`lag1_autocorrelation_of_changes` of paths `(B, S, T, 1)`, every window's paths pooled."""
+    return lag1_autocorrelation_of_changes(paths[..., 0].reshape(-1, paths.shape[2]).numpy())
 
 
 def test_paths_widened_keep_their_step_to_step_coherence():

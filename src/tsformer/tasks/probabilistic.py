@@ -89,6 +89,14 @@ def crps_from_samples(samples: torch.Tensor, y: torch.Tensor, ordered: torch.Ten
     return spread_to_truth - pair_sum / (S * (S - 1))
 
 
+def lag1_autocorrelation_of_changes(paths: np.ndarray) -> float:
+    """Coherence of paths `(n_paths, M)`: the pooled lag-1 autocorrelation of their step-to-step
+    changes (real series move on, near 0; fresh noise at every step turns back, -0.5)."""
+    d = np.diff(paths, axis=1)  # (n, M - 1)
+    a, b = d[:, :-1].ravel(), d[:, 1:].ravel()
+    return float(np.corrcoef(a, b)[0, 1])
+
+
 class Forecast:
     """A probabilistic forecast of a batch (see the module docstring)."""
 
