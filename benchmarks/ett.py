@@ -336,8 +336,9 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     at_cutoff = df.rename(columns={"ds": "cutoff", "y": "y_last"})
     merged = cv.merge(at_cutoff, on=["unique_id", "cutoff"], how="left")
     persistence_mse = float(((merged.y - merged.y_last) ** 2).mean())
-    err = (cv.y - cv[pred_col]).to_numpy(np.float64)
-    window_mse = (cv.y - cv[pred_col]).pow(2).groupby(cv.cutoff).mean().sort_index().to_numpy(np.float64)  # (W,)
+    err = cv.y - cv[pred_col]  # (W * H * 7,): up to 57 million rows (ETTm1, H = 720)
+    window_mse = err.pow(2).groupby(cv.cutoff).mean().sort_index().to_numpy(np.float64)  # (W,)
+    err = err.to_numpy(np.float64)
     n_params = sum(p.numel() for p in nf.models[0].parameters())
     trajectory = nf.models[0].train_trajectories  # (global_step, loss) of every training step made
     row = {
