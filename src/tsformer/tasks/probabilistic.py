@@ -157,7 +157,7 @@ class SampleForecast(Forecast):
         median = self.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, Dy)
         scale = scale.expand(B, *scale.shape[-2:]).unsqueeze(1)  # (B, 1, T, Dy)
         values = median + scale * (self.ordered - median)  # (B, S, T, Dy), sorted along the paths
-        if S < 2 or not bool((scale > 1).any()):
+        if S < 2 or not bool((scale > 1).any()):  # nothing widened (or one path): no ranks, no draws of z
             rescaled = SampleForecast(median + scale * (self.samples - median), self.point_kind)
         else:
             spread = self.samples.std(dim=1, keepdim=True).clamp_min(torch.finfo(self.samples.dtype).tiny)
