@@ -282,3 +282,49 @@ def test_linear_skip_adds_a_per_step_linear_map_of_the_inputs():
         assert torch.allclose(model(x), transformer_only + model.linear_skip(x), atol=1e-6)
     with pytest.raises(ValueError, match="linear_skip belongs to the per_step head"):
         EncoderOnly(EncoderOnlyConfig(d_in=3, head="classification", linear_skip=True, **TINY))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_batch_norm_layer_normalises_each_feature_over_the_batch_tokens(norm):
+    """norm_layer=batch (PatchTST's encoder): in training each feature is standardised over all B * T
+    tokens; in eval the running statistics are used, so a window's output no longer depends on the
+    other windows of its batch."""
+    from tsformer.nn.blocks import BatchNormOverTokens, TransformerStack
+    from tsformer.nn.config import TransformerConfig
+
+    torch.manual_seed(0)
+    norm_module = BatchNormOverTokens(8).train()
+    x = torch.randn(4, 10, 8) * torch.arange(1, 9) + 3.0  # (B, T, D): features of different scales
+    out = norm_module(x)
+    flat = out.reshape(-1, 8)
+    assert torch.allclose(flat.mean(0), torch.zeros(8), atol=1e-5)
+    assert torch.allclose(flat.var(0, unbiased=False), torch.ones(8), atol=1e-3)
+
+    cfg = TransformerConfig(norm=norm, norm_layer="batch", **TINY)
+    stack = TransformerStack(cfg, cfg.n_layers)
+    assert any(isinstance(m, torch.nn.BatchNorm1d) for m in stack.modules())
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in stack.modules())
+    h = torch.randn(6, 12, 32)
+    for _ in range(3):
+        stack.train()(h)  # running statistics move from their start values
+    stack.eval()
+    alone = stack(h[:1])
+    in_batch = stack(h)[:1]
+    assert torch.allclose(alone, in_batch, atol=1e-5)
+
+
+def test_batch_norm_layer_is_refused_where_it_would_mix_steps():
+    from tsformer.nn.blocks import TransformerStack
+    from tsformer.nn.config import TransformerConfig
+
+    cfg = TransformerConfig(norm_layer="batch", **TINY)
+    with pytest.raises(ValueError, match="norm_layer=batch is for encoders only"):
+        TransformerStack(cfg, 2, causal=True)
+    with pytest.raises(ValueError, match="norm_layer=batch is for encoders only"):
+        dec_only(norm_layer="batch")
+    stack = TransformerStack(cfg, 2)
+    valid = lengths_to_valid(torch.tensor([12, 9]), 12)
+    with pytest.raises(ValueError, match="padded steps"):
+        stack(torch.randn(2, 12, 32), mask=valid)
+    with pytest.raises(ValueError, match="unknown model.net.norm_layer 'group'"):
+        TransformerStack(TransformerConfig(norm_layer="group", **TINY), 2)

@@ -8,6 +8,12 @@ position-wise feed-forward network, each wrapped in a residual connection with L
 
 Pre-Norm keeps an identity path from input to output and trains stably; Post-Norm normalises the
 residual stream after each sublayer and needs a learning-rate warmup.
+
+The normalisation itself (`norm_layer`): LayerNorm (each token over its d_model features) or
+BatchNorm (each feature over the batch's tokens, as PatchTST's encoder: a series' outliers then do not
+rescale its token, and at test time the statistics are fixed running averages). BatchNorm's training
+statistics mix every step of the batch, future steps included, so a causal stack refuses it, and so
+does a padded sequence (its padding would enter the statistics).
 """
 
 from __future__ import annotations
@@ -22,6 +28,24 @@ from tsformer.nn.positional import RotaryEmbedding
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 NORMS = ("pre", "post")
+NORM_LAYERS = ("layer", "batch")
+
+
+class BatchNormOverTokens(nn.Module):
+    """BatchNorm1d on `(B, T, D)`: each of the D features normalised over all B * T tokens."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.transpose(1, 2)).transpose(1, 2)  # (B, D, T) for BatchNorm1d, back to (B, T, D)
+
+
+def make_norm(cfg: TransformerConfig) -> nn.Module:
+    if cfg.norm_layer not in NORM_LAYERS:
+        raise ValueError(f"unknown model.net.norm_layer {cfg.norm_layer!r}; choose one of {NORM_LAYERS}")
+    return BatchNormOverTokens(cfg.d_model) if cfg.norm_layer == "batch" else nn.LayerNorm(cfg.d_model)
 
 
 class FeedForward(nn.Module):
@@ -53,14 +77,14 @@ class TransformerBlock(nn.Module):
             return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention)
 
         self.self_attn = attention()
-        self.norm_self = nn.LayerNorm(cfg.d_model)
+        self.norm_self = make_norm(cfg)
         self.cross_attn = attention() if cross_attention else None
-        self.norm_cross = nn.LayerNorm(cfg.d_model) if cross_attention else None
+        self.norm_cross = make_norm(cfg) if cross_attention else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
-        self.norm_ffn = nn.LayerNorm(cfg.d_model)
+        self.norm_ffn = make_norm(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         if self.pre_norm:
             return x + self.dropout(sublayer(norm(x)))
         return norm(x + self.dropout(sublayer(x)))
@@ -98,7 +122,7 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerStack(nn.Module):
-    """`n_layers` blocks; a final LayerNorm when Pre-Norm (Post-Norm blocks already end normalised).
+    """`n_layers` blocks; a final norm when Pre-Norm (Post-Norm blocks already end normalised).
 
     causal=True makes it a decoder (each step sees only itself and earlier steps);
     cross_attention=True adds cross-attention to an encoder memory in every block.
@@ -113,9 +137,15 @@ class TransformerStack(nn.Module):
         rope: RotaryEmbedding | None = None,
     ):
         super().__init__()
+        if causal and cfg.norm_layer == "batch":
+            raise ValueError(
+                "model.net.norm_layer=batch is for encoders only: in training, BatchNorm's statistics over "
+                "the batch would carry later steps into earlier ones of a causal (decoder) stack"
+            )
         self.causal = causal
+        self.batch_norm = cfg.norm_layer == "batch"
         self.blocks = nn.ModuleList(TransformerBlock(cfg, cross_attention, rope) for _ in range(n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.final_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
 
     def forward(
         self,
@@ -127,6 +157,8 @@ class TransformerStack(nn.Module):
         memory_positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
+        if self.batch_norm and mask is not None:
+            raise ValueError("model.net.norm_layer=batch takes whole sequences: its statistics would include padded steps")
         for i, block in enumerate(self.blocks):
             self_cache, cross_cache = cache.layer(i) if cache is not None else (None, None)
             x = block(

@@ -18,6 +18,7 @@ class TransformerConfig:
     activation: str = "gelu"  # "gelu" | "relu"
     dropout: float = 0.0  # lean default: dropout costs a lot on CPU; raise it for real training
     norm: str = "pre"  # "pre" (modern default, stable) | "post" (original paper, wants LR warmup)
+    norm_layer: str = "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
     positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "none"
     max_len: int = 1024  # positions a learned encoding knows; unused by the others
     rope_base: float = 10000.0
