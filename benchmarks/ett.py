@@ -45,12 +45,16 @@ without improvement (neuralforecast then keeps its last weights; ours test the b
 Without that, a peer given many epochs overfits: nf-PatchTST at ETTh1 L=512 with 10 epochs' steps and
 no early stopping scored 0.417 / 0.558 / 0.542 / 0.610 (H = 96 / 192 / 336 / 720; H100, 2026-11-22).
 
-`--throughput` times training steps (forward, backward, AdamW step) on one fixed batch (data loading
-excluded) for our families and neuralforecast's VanillaTransformer at the same width, depth and batch,
-each in its own subprocess, and prints the ratios; memory: on a GPU the peak of
-`torch.cuda.max_memory_allocated`, on the CPU the growth of the subprocess's peak resident set size
-(ru_maxrss) from before the first training step to after the last (activations, gradients and
-optimizer state; allocator caching included: a coarse figure).
+`--throughput` times training steps on one fixed batch (data loading excluded) for our families and
+neuralforecast's VanillaTransformer at the same width, depth and batch, each in its own subprocess,
+and prints the ratios, twice: "step", each library's own `training_step` on its own batch (ours:
+RevIN, the channel split, the loss; neuralforecast's: cutting and sampling the windows from the whole
+series, its checks), what training costs a user; "network", the network and an MSE on a batch already
+in its layout. Both with backward and an AdamW step. With them, the aten ops of a forward and
+backward that do work (views excluded), the measure a launch-bound GPU step follows. Memory: on a GPU
+the peak of `torch.cuda.max_memory_allocated`, on the CPU the growth of the subprocess's peak resident
+set size (ru_maxrss) from before the first training step to after the last (activations, gradients
+and optimizer state; allocator caching included: a coarse figure).
 
 RESULTS.md (`--results`, default benchmarks/RESULTS.md) is written by every non-quick invocation
 from what that invocation measured, beside the published PatchTST/64 rows; nothing measured is
@@ -239,10 +243,13 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
 # -- neuralforecast peers ---------------------------------------------------------------------------
 
 
-def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: int, quick: bool, seed: int):
+def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: int, quick: bool, seed: int,
+             d_model: int = 64, dropout: float | None = None):
     """neuralforecast's model `name` for a budget of `steps` optimizer steps; validated every `per_epoch`
     steps (our rows: every epoch) and stopped after `patience` validations without improvement (our
-    rows' early stopping; neuralforecast then keeps its last weights, ours the best epoch's)."""
+    rows' early stopping; neuralforecast then keeps its last weights, ours the best epoch's).
+    d_model, dropout: VanillaTransformer's width (FFN 4 x d_model) and dropout (None: its default),
+    for the throughput rows."""
     from neuralforecast.losses.pytorch import MSE
     from neuralforecast.models import PatchTST, VanillaTransformer, iTransformer
 
@@ -290,17 +297,19 @@ def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: in
             learning_rate=1e-3,
         ), "multivariate: d 128, 2 layers, 8 heads, FFN 256, its own instance norm"
     if name == "nf-VanillaTransformer":
+        d = 16 if small else d_model
         return VanillaTransformer(
             **common,
             batch_size=7,
             windows_batch_size=BATCH * 7,
-            hidden_size=16 if small else 64,
+            hidden_size=d,
             n_head=2 if small else 4,
             encoder_layers=1 if small else 2,
             decoder_layers=1,
-            conv_hidden_size=32 if small else 256,
+            conv_hidden_size=2 * d if small else 4 * d,
             learning_rate=1e-4,
-        ), "univariate: d 64, 2 encoder + 1 decoder layers, 4 heads, FFN 256, no RevIN"
+            **({} if dropout is None else {"dropout": dropout}),
+        ), f"univariate: d {d}, 2 encoder + 1 decoder layers, 4 heads, FFN {4 * d}, no RevIN"
     raise ValueError(name)
 
 
@@ -438,14 +447,70 @@ THROUGHPUT_MODELS = ["tsformer-enc_only_forecast", "tsformer-enc_dec", "tsformer
                      "nf-VanillaTransformer"]
 
 
-def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dict:
-    """One model's training steps/s on one fixed batch of 32 windows x 7 channels (run in a subprocess)."""
+# aten ops that only re-describe memory (no kernel runs): left out of the op counts
+VIEW_OPS = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice",
+            "select", "alias", "detach", "as_strided", "unflatten", "unfold", "split", "chunk", "narrow", "split_with_sizes"}
+
+
+def count_ops(fn) -> int:
+    """aten ops of one call of `fn` that do work (views excluded). Not GPU kernels exactly (one op may
+    launch several), but the same measure for every row, and what a launch-bound GPU step pays per op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal n
+            n += func.__name__.split(".")[0] not in VIEW_OPS
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return n
+
+
+def nf_training_batch(model, dm, L: int, H: int):
+    """neuralforecast's own training batch for ETTh1's 7 channels (7 univariate series, the scaled
+    values, as `run_peer` gives them): its `training_step` cuts the windows from it and samples
+    `windows_batch_size` (32 x 7) of them, as `fit` does."""
+    from neuralforecast.tsdataset import TimeSeriesDataModule, TimeSeriesDataset
+
+    frame = dm.frame
+    scaled = dm.transform_target(frame[dm.target_names].to_numpy())
+    times = frame[dm.schema.time_col].to_numpy()
+    df = pd.concat([pd.DataFrame({"unique_id": c, "ds": times, "y": scaled[:, j]}) for j, c in enumerate(dm.target_names)],
+                   ignore_index=True)
+    dataset, *_ = TimeSeriesDataset.from_df(df)
+    model.val_size = model.test_size = 2880  # train on rows [0, 8640) as the peers' cross-validation does
+    return next(iter(TimeSeriesDataModule(dataset=dataset, batch_size=7).train_dataloader()))
+
+
+def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: str) -> dict:
+    """One model's training steps/s on one fixed batch of 32 windows x 7 channels (run in a subprocess).
+
+    mode "step": each library's own training step on its own batch: ours `training_step` on a batch of
+    our DataLoader (RevIN, the channel split, the loss over valid steps, its finiteness check), the
+    peer's `training_step` on its DataLoader's batch (the 7 whole series: it cuts and samples 32 x 7
+    windows, scales, checks the loss); "network": the network and an MSE only, on a batch already in
+    its layout (32 x 7 one-channel windows; ours already through RevIN and the channel split).
+    Both then backward and one AdamW step."""
+    import warnings
+
     import torch
 
+    # training_step's self.log without a Trainer: a no-op, with a warning at every call
+    warnings.filterwarnings("ignore", message=".*self.trainer. reference is not registered")
     torch.manual_seed(0)
     dm = datamodule("ETTh1", L, H)
     batch = next(iter(dm.train_dataloader()))
     sizes = dict(d_target=7, d_known=0, d_observed=0)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+
+    def on_device(tree: dict) -> dict:
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in tree.items()}
+
     if name.startswith("tsformer-"):
         from hydra.utils import instantiate
 
@@ -456,35 +521,39 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
                      "model.revin=true", "model.channel_independent=true", f"model.net.d_model={d_model}",
                      "model.net.n_heads=4", "model.net.n_layers=2", "model.net.ffn_expansion=4", "model.net.dropout=0.0"]
         cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
-        task = instantiate(cfg.model, _convert_="all", **sizes)
-        net = task
+        net = task = instantiate(cfg.model, _convert_="all", **sizes).to(device)
+        batch = on_device(batch)
+        if mode == "step":
+            def loss_fn():
+                return task.training_step(batch, 0)
+        else:
+            net_batch, _ = task.options.enter(task.static.append_to_known(batch))  # (B * 7, T, 1) targets
 
-        def loss_fn():
-            return task.loss(batch)
+            def loss_fn():
+                out, labels, _ = task.teacher_forced(net_batch)
+                return torch.nn.functional.mse_loss(out, labels)
     else:
-        from neuralforecast.models import VanillaTransformer
+        model, _ = nf_model("nf-VanillaTransformer", L, H, steps=steps, per_epoch=steps, patience=0, quick=False,
+                            seed=0, d_model=d_model, dropout=0.0)
+        net = model.to(device)
+        if mode == "step":
+            nf_batch = on_device(nf_training_batch(model, dm, L, H))
 
-        model = VanillaTransformer(h=H, input_size=L, hidden_size=d_model, n_head=4, encoder_layers=2, decoder_layers=1,
-                                   conv_hidden_size=4 * d_model, dropout=0.0)
-        net = model
-        # channel independence, as neuralforecast's univariate models see the data: (B*7, L, 1)
-        x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1)
-        y = batch["fut_target"].permute(0, 2, 1).reshape(-1, H)
-        windows = {"insample_y": x, "insample_mask": torch.ones_like(x), "futr_exog": torch.empty(0), "hist_exog": torch.empty(0), "stat_exog": torch.empty(0)}
+            def loss_fn():
+                return model.training_step(nf_batch, 0)
+        else:
+            # channel independence, as neuralforecast's univariate models see the data: (B*7, L, 1)
+            x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1).to(device)
+            y = batch["fut_target"].permute(0, 2, 1).reshape(-1, H).to(device)
+            windows = on_device({"insample_y": x, "insample_mask": torch.ones_like(x), "futr_exog": torch.empty(0),
+                                 "hist_exog": torch.empty(0), "stat_exog": torch.empty(0)})
 
-        def loss_fn():
-            out = model(windows)
-            return torch.nn.functional.mse_loss(out.reshape(len(y), H), y)
+            def loss_fn():
+                out = model(windows)
+                return torch.nn.functional.mse_loss(out.reshape(len(y), H), y)
 
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    net.to(device).train()
-    if name.startswith("tsformer-"):
-        batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    else:
-        windows = {k: v.to(device) for k, v in windows.items()}
-        y = y.to(device)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)  # multi-tensor ops, the default on a GPU
 
     def step():
         opt.zero_grad()
@@ -502,36 +571,57 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int) -> dic
         torch.cuda.synchronize()  # kernels are queued asynchronously: wait for the last step's
     seconds = time.perf_counter() - start
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_mem_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else (rss1 - rss0) / 1024
     return {
         "model": name,
+        "mode": mode,
         "params": sum(p.numel() for p in net.parameters()),
         "channel_windows_per_s": steps * BATCH * 7 / seconds,
-        "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else (rss1 - rss0) / 1024,
+        "ops_per_step": count_ops(lambda: (opt.zero_grad(), loss_fn().backward())),  # no optimizer step: alike for all
+        "peak_mem_mb": peak_mem_mb,
         "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
     }
 
 
 def throughput(args) -> None:
     L, H = args.throughput_window
-    rows = []
+    rows = {}
+    for mode in ("step", "network"):
+        for name in args.throughput_models:
+            if name.startswith("nf-") and not nf_available():
+                print(f"skipping {name}: neuralforecast is not importable", file=sys.stderr)
+                continue
+            cmd = [sys.executable, __file__, "--_throughput-child", name, "--_throughput-mode", mode,
+                   "--throughput-window", str(L), str(H), "--throughput-steps", str(args.throughput_steps),
+                   "--throughput-d-model", str(args.throughput_d_model)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            rows[name, mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    table = []
     for name in args.throughput_models:
-        if name.startswith("nf-") and not nf_available():
-            print(f"skipping {name}: neuralforecast is not importable", file=sys.stderr)
+        if (name, "step") not in rows:
             continue
-        cmd = [sys.executable, __file__, "--_throughput-child", name, "--throughput-window", str(L), str(H),
-               "--throughput-steps", str(args.throughput_steps), "--throughput-d-model", str(args.throughput_d_model)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    ref = next((r for r in rows if r["model"] == "nf-VanillaTransformer"), None)
-    for r in rows:
-        r["speed_vs_nf_vanilla"] = r["channel_windows_per_s"] / ref["channel_windows_per_s"] if ref else None
-        r["mem_vs_nf_vanilla"] = r["peak_mem_mb"] / ref["peak_mem_mb"] if ref and ref["peak_mem_mb"] > 0 else None
+        row = {"model": name, "params": rows[name, "step"]["params"]}
+        for mode in ("step", "network"):
+            r, ref = rows[name, mode], rows.get(("nf-VanillaTransformer", mode))
+            row[f"{mode}_windows_per_s"] = r["channel_windows_per_s"]
+            row[f"{mode}_vs_nf"] = r["channel_windows_per_s"] / ref["channel_windows_per_s"] if ref else None
+            row[f"{mode}_ops"] = r["ops_per_step"]
+            row[f"{mode}_ops_vs_nf"] = r["ops_per_step"] / ref["ops_per_step"] if ref else None
+        ref = rows.get(("nf-VanillaTransformer", "step"))
+        row["peak_mem_mb"] = rows[name, "step"]["peak_mem_mb"]
+        row["mem_vs_nf"] = row["peak_mem_mb"] / ref["peak_mem_mb"] if ref and ref["peak_mem_mb"] > 0 else None
+        table.append(row)
+    memory = next(iter(rows.values()))["memory_measure"] if rows else "-"
     print(f"\nthroughput, {dt.date.today()}, {machine()}: ETTh1 L={L} H={H}, batch {BATCH} windows x 7 channels "
           f"(channel independence: {BATCH * 7} sequences), d_model {args.throughput_d_model}, 2 layers (+1 decoder layer "
-          f"for enc_dec and VanillaTransformer), 4 heads, FFN 4 x d_model, {args.throughput_steps} timed steps after 1 warm-up; "
-          f"memory: {rows[0]['memory_measure'] if rows else '-'}\n")
-    cols = ["model", "params", "channel_windows_per_s", "speed_vs_nf_vanilla", "peak_mem_mb", "mem_vs_nf_vanilla"]
-    print(markdown([{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in rows], cols))
+          f"for enc_dec and VanillaTransformer), 4 heads, FFN 4 x d_model, {args.throughput_steps} timed steps after 1 warm-up.\n"
+          "step: each library's own training step on its own batch (ours: training_step; neuralforecast: training_step, "
+          "which cuts and samples the windows from whole series); network: the network + MSE on a batch already in "
+          "its layout. Both + backward + AdamW. *_ops: aten ops of a forward and backward that do work (views "
+          f"excluded; the optimizer's are the same for every row), what a launch-bound GPU pays per op. Memory (step): {memory}\n")
+    cols = ["model", "params", "step_windows_per_s", "step_vs_nf", "network_windows_per_s", "network_vs_nf",
+            "step_ops", "step_ops_vs_nf", "network_ops", "network_ops_vs_nf", "peak_mem_mb", "mem_vs_nf"]
+    print(markdown([{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in table], cols))
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -560,11 +650,12 @@ def main() -> None:
     parser.add_argument("--throughput-steps", type=int, default=10)
     parser.add_argument("--throughput-d-model", type=int, default=64)
     parser.add_argument("--_throughput-child", dest="child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_throughput-mode", dest="child_mode", default="step", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         L, H = args.throughput_window
-        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model)))
+        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model, args.child_mode)))
         return
     if args.throughput:
         args.throughput_models = args.throughput_models.split(",")

@@ -90,3 +90,24 @@ def test_quick_run_writes_results_rows(tmp_path):
     assert detail["steps"] == "2"  # the optimizer steps the run made, not the budget
     assert "--override trainer.limit_train_batches=2" in results.read_text()  # the command line, recorded
     assert "2785 test windows (protocol 2785" in out.stdout
+
+
+def test_count_ops_counts_work_not_views():
+    import torch
+
+    bench = import_bench()
+    x = torch.randn(3, 4)
+    assert bench.count_ops(lambda: x.view(12).unsqueeze(0).transpose(0, 1)) == 0
+    assert bench.count_ops(lambda: (x @ x.t()).relu()) == 2  # mm, relu
+    w = torch.randn(4, 2, requires_grad=True)
+    assert bench.count_ops(lambda: (x @ w).sum().backward()) > 2  # the backward's ops count too
+
+
+@needs_data
+@pytest.mark.parametrize("mode", ["step", "network"])
+def test_throughput_child_times_our_training_step(mode, monkeypatch):
+    monkeypatch.chdir(REPO)  # the ETT configs read ../shared relative to the project
+    bench = import_bench()
+    row = bench.throughput_child("tsformer-enc_dec", 96, 96, steps=1, d_model=16, mode=mode)
+    assert row["model"] == "tsformer-enc_dec" and row["mode"] == mode
+    assert row["channel_windows_per_s"] > 0 and row["ops_per_step"] > 50
