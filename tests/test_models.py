@@ -328,3 +328,20 @@ def test_batch_norm_layer_is_refused_where_it_would_mix_steps():
         stack(torch.randn(2, 12, 32), mask=valid)
     with pytest.raises(ValueError, match="unknown model.net.norm_layer 'group'"):
         TransformerStack(TransformerConfig(norm_layer="group", **TINY), 2)
+
+
+def test_learned_positions_with_patches_are_checked_from_the_shapes():
+    """Patches 8/8 over 32 steps start at 0, 8, .., 32 (the end padding's patch): a learned table
+    needs 33 positions. With 32 it is refused by name before any lookup, in both families that take
+    patch tokens in an encoder."""
+    x = torch.randn(2, 32, 3)
+    common = dict(positional="learned", patch_len=8, patch_stride=8, **TINY)
+    for max_len, ok in ((33, True), (32, False)):
+        encoder_only = EncoderOnly(EncoderOnlyConfig(d_in=3, head="forecast", context_len=32, horizon=4, max_len=max_len, **common))
+        encoder_decoder = EncoderDecoder(EncoderDecoderConfig(d_enc_in=3, max_len=max_len, **common))
+        for run in (lambda: encoder_only(x), lambda: encoder_decoder.encode(x)):
+            if ok:
+                run()
+            else:
+                with pytest.raises(ValueError, match="needs 33 positions .* max_len=32"):
+                    run()

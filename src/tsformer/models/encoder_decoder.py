@@ -86,7 +86,7 @@ class EncoderDecoder(nn.Module):
         """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, L, d_model)`
         (L = N, or the number of patches)."""
         N = hist.shape[1]
-        self.positional.check_length(N)
+        self.positional.check_length(self.patching.n_positions(N) if self.patching is not None else N)
         positions = self.memory_positions(N, device=hist.device)  # (L,)
         if self.patching is not None:
             if hist_valid is not None:

@@ -97,6 +97,9 @@ class EncoderOnly(nn.Module):
         then at index 0, position 0, and the other tokens' positions move up by one).
         """
         B, N, _ = x.shape
+        # positions the encoding must know, from the shapes (reading them off the tensor would wait for the device)
+        n_positions = (self.patching.n_positions(N) if self.patching is not None else N) + int(self.use_cls)
+        self.positional.check_length(n_positions)
         if self.patching is not None:
             if valid is not None:
                 raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
@@ -110,7 +113,6 @@ class EncoderOnly(nn.Module):
             positions = torch.cat([positions.new_zeros(1), positions + 1])  # (N' + 1,)
             if valid is not None:
                 valid = torch.cat([valid.new_ones(B, 1), valid], dim=1)  # (B, N + 1)
-        self.positional.check_length(int(positions[-1]) + 1)
         h = self.dropout(self.positional(h, positions))
         mask = padding_mask(valid) if valid is not None else None
         return self.encoder(h, mask=mask, positions=positions)

@@ -50,6 +50,10 @@ class Patching(nn.Module):
     def count(self, n_steps: int) -> int:
         return n_patches(n_steps, self.patch_len, self.stride)
 
+    def n_positions(self, n_steps: int) -> int:
+        """Positions a positional encoding must know for these patches: 0 .. the last patch's start."""
+        return (self.count(n_steps) - 1) * self.stride + 1
+
     def positions(self, n_steps: int, device=None) -> torch.Tensor:
         """`(L,)`: the first time step of each patch."""
         return torch.arange(self.count(n_steps), device=device) * self.stride
