@@ -1,7 +1,7 @@
 """Transformer blocks and stacks.
 
 A block is self-attention, optionally cross-attention (decoder of an encoder-decoder), and a
-position-wise feed-forward network, each wrapped in a residual connection with LayerNorm:
+position-wise feed-forward network, each wrapped in a residual connection with a norm:
 
     Pre-Norm  (modern default):  x = x + Dropout(Sublayer(LayerNorm(x)))   + a final LayerNorm
     Post-Norm (original paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
@@ -9,11 +9,11 @@ position-wise feed-forward network, each wrapped in a residual connection with L
 Pre-Norm keeps an identity path from input to output and trains stably; Post-Norm normalises the
 residual stream after each sublayer and needs a learning-rate warmup.
 
-The normalisation itself (`norm_layer`): LayerNorm (each token over its d_model features) or
-BatchNorm (each feature over the batch's tokens, as PatchTST's encoder: a series' outliers then do not
-rescale its token, and at test time the statistics are fixed running averages). BatchNorm's training
-statistics mix every step of the batch, future steps included, so a causal stack refuses it, and so
-does a padded sequence (its padding would enter the statistics).
+The norm itself (`norm_layer`): LayerNorm (each token over its d_model features) or BatchNorm (each
+feature over all the batch's tokens in training, with the running averages kept then at test time), as
+PatchTST's encoder, with Post-Norm. BatchNorm's training statistics mix every step of the batch,
+future steps included, so a causal stack refuses it, and so does a padded sequence (its padding
+would enter the statistics).
 """
 
 from __future__ import annotations
