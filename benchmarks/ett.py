@@ -404,10 +404,19 @@ def published_rows(datasets, horizons) -> list[dict]:
     ]
 
 
+def our_batch_size(args) -> int:
+    """Windows per batch of our rows: the script's BATCH unless an --override sets data.batch_size."""
+    sizes = [int(o.split("=", 1)[1]) for o in args.override if o.split("=", 1)[0].strip() == "data.batch_size"]
+    return sizes[-1] if sizes else BATCH
+
+
 def write_results(path: Path, measured: list[dict], grid: list[tuple], args, stamp: str) -> None:
     done = {(r["model"], r["dataset"], r["L"], r["H"]) for r in measured}
     pending = [g for g in grid if g not in done]
     budget = f"{args.epochs} epoch(s)" + (f", at most {args.max_train_batches} batches (optimizer steps) per epoch" if args.max_train_batches else "")
+    batch = our_batch_size(args)
+    peers = ("the same number of steps and windows per step for the peers (see the script's docstring). " if batch == BATCH
+             else f"the peers, {budget} of {BATCH}-window steps (--override reaches our rows only). ")
     text = [
         "# ETT side by side",
         "",
@@ -415,8 +424,8 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
         "",
         f"    {' '.join(['python', 'benchmarks/ett.py', *sys.argv[1:]])}",
         "",
-        f"Measured rows: {stamp}, on {machine()}; budget for our rows {budget}, {BATCH} windows per batch; "
-        "the same number of steps and windows per step for the peers (see the script's docstring). "
+        f"Measured rows: {stamp}, on {machine()}; budget for our rows {budget}, {batch} windows per batch; "
+        + peers +
         "`train_s`: our rows, `trainer.fit` (validation included); peers, neuralforecast's "
         "`cross_validation` (fit plus forecasting every test origin). MSE/MAE on the scaled values, "
         "every test window. The published rows are the paper's own figures (L = 512, its own training "
