@@ -313,6 +313,18 @@ def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: in
     raise ValueError(name)
 
 
+def peer_frame(dm) -> pd.DataFrame:
+    """The data set's target channels as neuralforecast's long frame (unique_id = the channel, ds, y),
+    scaled with our datamodule's train-fitted StandardScaler."""
+    frame = dm.frame
+    scaled = dm.transform_target(frame[dm.target_names].to_numpy())
+    times = frame[dm.schema.time_col].to_numpy()
+    return pd.concat(
+        [pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]}) for j, col in enumerate(dm.target_names)],
+        ignore_index=True,
+    )
+
+
 def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     import mlflow
     from neuralforecast import NeuralForecast
@@ -320,13 +332,7 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     from tsformer import tracking
 
     k = STEPS_PER_HOUR[dataset[3]]
-    frame = dm.frame
-    scaled = dm.transform_target(frame[dm.target_names].to_numpy())  # train-fitted StandardScaler
-    times = frame[dm.schema.time_col].to_numpy()
-    df = pd.concat(
-        [pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]}) for j, col in enumerate(dm.target_names)],
-        ignore_index=True,
-    )
+    df = peer_frame(dm)
     model, sizes = nf_model(name, L, H, steps, per_epoch, args.peer_patience, args.quick, args.seed)
     nf = NeuralForecast(models=[model], freq="h" if k == 1 else "15min")
     start = time.perf_counter()
@@ -479,18 +485,13 @@ def count_ops(fn) -> int:
     return n
 
 
-def nf_training_batch(model, dm, L: int, H: int):
+def nf_training_batch(model, dm):
     """neuralforecast's own training batch for ETTh1's 7 channels (7 univariate series, the scaled
     values, as `run_peer` gives them): its `training_step` cuts the windows from it and samples
     `windows_batch_size` (32 x 7) of them, as `fit` does."""
     from neuralforecast.tsdataset import TimeSeriesDataModule, TimeSeriesDataset
 
-    frame = dm.frame
-    scaled = dm.transform_target(frame[dm.target_names].to_numpy())
-    times = frame[dm.schema.time_col].to_numpy()
-    df = pd.concat([pd.DataFrame({"unique_id": c, "ds": times, "y": scaled[:, j]}) for j, c in enumerate(dm.target_names)],
-                   ignore_index=True)
-    dataset, *_ = TimeSeriesDataset.from_df(df)
+    dataset, *_ = TimeSeriesDataset.from_df(peer_frame(dm))
     model.val_size = model.test_size = 2880  # train on rows [0, 8640) as the peers' cross-validation does
     return next(iter(TimeSeriesDataModule(dataset=dataset, batch_size=7).train_dataloader()))
 
@@ -546,7 +547,7 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
                             seed=0, d_model=d_model, dropout=0.0)
         net = model.to(device)
         if mode == "step":
-            nf_batch = on_device(nf_training_batch(model, dm, L, H))
+            nf_batch = on_device(nf_training_batch(model, dm))
 
             def loss_fn():
                 return model.training_step(nf_batch, 0)
