@@ -237,6 +237,7 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
         "persistence_mse_ours": result.metrics["test/baseline_mse"],
         "mse_drop_last_128": drop_last_mse(result.window_mse),
         "mlflow_run_id": result.run_id,
+        "batch_size": int(cfg.data.batch_size),  # as composed: the experiment's, or an --override's
     }
 
 
@@ -410,19 +411,14 @@ def published_rows(datasets, horizons) -> list[dict]:
     ]
 
 
-def our_batch_size(args) -> int:
-    """Windows per batch of our rows: the script's BATCH unless an --override sets data.batch_size."""
-    sizes = [int(o.split("=", 1)[1]) for o in args.override if o.split("=", 1)[0].strip() == "data.batch_size"]
-    return sizes[-1] if sizes else BATCH
-
-
 def write_results(path: Path, measured: list[dict], grid: list[tuple], args, stamp: str) -> None:
     done = {(r["model"], r["dataset"], r["L"], r["H"]) for r in measured}
     pending = [g for g in grid if g not in done]
     budget = f"{args.epochs} epoch(s)" + (f", at most {args.max_train_batches} batches (optimizer steps) per epoch" if args.max_train_batches else "")
-    batch = our_batch_size(args)
-    peers = ("the same number of steps and windows per step for the peers (see the script's docstring). " if batch == BATCH
-             else f"the peers, {budget} of {BATCH}-window steps (--override reaches our rows only). ")
+    ours_batches = sorted({r["batch_size"] for r in measured if "batch_size" in r}) or [BATCH]
+    batch = " / ".join(map(str, ours_batches))
+    peers = ("the same number of steps and windows per step for the peers (see the script's docstring). "
+             if ours_batches == [BATCH] else f"the peers, {budget} of {BATCH}-window steps (--override reaches our rows only). ")
     text = [
         "# ETT side by side",
         "",
@@ -485,14 +481,13 @@ def count_ops(fn) -> int:
     return n
 
 
-def nf_training_batch(model, dm):
+def nf_training_batch(dm):
     """neuralforecast's own training batch for ETTh1's 7 channels (7 univariate series, the scaled
-    values, as `run_peer` gives them): its `training_step` cuts the windows from it and samples
+    values, as `run_peer` gives them): a model's `training_step` cuts the windows from it and samples
     `windows_batch_size` (32 x 7) of them, as `fit` does."""
     from neuralforecast.tsdataset import TimeSeriesDataModule, TimeSeriesDataset
 
     dataset, *_ = TimeSeriesDataset.from_df(peer_frame(dm))
-    model.val_size = model.test_size = 2880  # train on rows [0, 8640) as the peers' cross-validation does
     return next(iter(TimeSeriesDataModule(dataset=dataset, batch_size=7).train_dataloader()))
 
 
@@ -547,13 +542,14 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
                             seed=0, d_model=d_model, dropout=0.0)
         net = model.to(device)
         if mode == "step":
-            nf_batch = on_device(nf_training_batch(model, dm))
+            model.val_size = model.test_size = 2880  # train on rows [0, 8640) as the peers' cross-validation does
+            nf_batch = on_device(nf_training_batch(dm))
 
             def loss_fn():
                 return model.training_step(nf_batch, 0)
         else:
             # channel independence, as neuralforecast's univariate models see the data: (B*7, L, 1)
-            x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1).to(device)
+            x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1)
             y = batch["fut_target"].permute(0, 2, 1).reshape(-1, H).to(device)
             windows = on_device({"insample_y": x, "insample_mask": torch.ones_like(x), "futr_exog": torch.empty(0),
                                  "hist_exog": torch.empty(0), "stat_exog": torch.empty(0)})
