@@ -81,10 +81,12 @@ def test_masks_follow_the_may_attend_convention():
 
 
 def copy_into_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) -> nn.MultiheadAttention:
+    """torch's attention with our weights: its in_proj is [W_Q; W_K; W_V], as our stacked projections."""
     ref = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    projections = [ours.q_proj, ours.kv_proj] if ours.cross_attention else [ours.qkv_proj]
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
+        ref.in_proj_bias.copy_(torch.cat([p.bias for p in projections]))
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         ref.out_proj.bias.copy_(ours.out_proj.bias)
     return ref.eval()
@@ -94,16 +96,24 @@ def copy_into_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) ->
 def test_multi_head_attention_matches_torch(fused):
     torch.manual_seed(0)
     d_model, n_heads, n_q, n_k = 32, 4, 5, 7
-    ours = MultiHeadAttention(d_model, n_heads, fused=fused).eval()
-    ref = copy_into_torch_mha(ours, d_model, n_heads)
     x, ctx = torch.randn(2, n_q, d_model), torch.randn(2, n_k, d_model)
     # self-attention with a causal mask (torch: True = NOT allowed)
-    expected, _ = ref(x, x, x, attn_mask=~causal_mask(n_q))
+    ours = MultiHeadAttention(d_model, n_heads, fused=fused).eval()
+    expected, _ = copy_into_torch_mha(ours, d_model, n_heads)(x, x, x, attn_mask=~causal_mask(n_q))
     assert torch.allclose(ours(x, causal=True), expected, atol=1e-5)
     # cross-attention with key padding
+    ours = MultiHeadAttention(d_model, n_heads, fused=fused, cross_attention=True).eval()
     valid = lengths_to_valid(torch.tensor([n_k, 4]), n_k)
-    expected, _ = ref(x, ctx, ctx, key_padding_mask=~valid)
+    expected, _ = copy_into_torch_mha(ours, d_model, n_heads)(x, ctx, ctx, key_padding_mask=~valid)
     assert torch.allclose(ours(x, context=ctx, mask=padding_mask(valid)), expected, atol=1e-5)
+
+
+def test_attention_layer_refuses_the_other_kind_of_call():
+    x = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match="self-attention layer"):
+        MultiHeadAttention(8, 2)(x, context=x)
+    with pytest.raises(ValueError, match="cross-attention layer"):
+        MultiHeadAttention(8, 2, cross_attention=True)(x)
 
 
 def test_record_attention_keeps_weights_and_switches_back():

@@ -132,10 +132,14 @@ def shared_prefix_attention(
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention, for self-attention (`context=None`) and cross-attention.
+    """Multi-head attention: self-attention, or cross-attention (`cross_attention=True`) to a context.
 
-    d_k = d_model / n_heads. Separate Q, K, V projections and an output projection W_O. With a
-    `RotaryEmbedding`, queries and keys are rotated by their positions after projection.
+    d_k = d_model / n_heads. Q, K and V are projections of the input, each by its own d_model x d_model
+    matrix, stacked into one product where they read the same tokens: `qkv_proj` (self-attention:
+    [W_Q; W_K; W_V]) or `q_proj` and `kv_proj` (cross-attention: queries from the input, [W_K; W_V]
+    from the context). The same numbers as three separate products, in one kernel launch instead of
+    three, forward and backward. Then an output projection W_O. With a `RotaryEmbedding`, queries and
+    keys are rotated by their positions after projection.
     """
 
     def __init__(
@@ -146,15 +150,19 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rope: RotaryEmbedding | None = None,
         fused: bool = True,
+        cross_attention: bool = False,
     ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.cross_attention = cross_attention
+        if cross_attention:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.rope = rope
@@ -163,9 +171,10 @@ class MultiHeadAttention(nn.Module):
         self.record_weights = False
         self.last_weights: torch.Tensor | None = None
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _split_heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """`(B, T, n * d_model)`, n projections side by side -> n tensors `(B, H, T, Dh)` (views)."""
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        return x.view(B, T, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, H, T, Dh)
 
     def forward(
         self,
@@ -183,14 +192,19 @@ class MultiHeadAttention(nn.Module):
         cache: a `SelfAttentionCache` (self-attention: new keys are appended, all are attended) or
         a `CrossAttentionCache` (cross-attention: keys/values of the context computed once).
         """
+        if self.cross_attention and context is None:
+            raise ValueError("this is a cross-attention layer: it needs the context (the encoder memory)")
+        if not self.cross_attention and context is not None:
+            raise ValueError("this is a self-attention layer: it takes no context (build it with cross_attention=True)")
         B, Tq, D = x.shape
-        q = self._split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+        if context is None:  # self-attention: Q, K and V come from the same tokens
+            q, k, v = self._split_heads(self.qkv_proj(x), 3)  # (B, H, Tq, Dh) each
+        else:
+            (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, Tq, Dh)
         if self.rope is not None:
             q = self.rope(q, positions)
 
-        if context is None:  # self-attention: keys come from the same tokens as the queries
-            k = self._split_heads(self.k_proj(x))  # (B, H, Tq, Dh)
-            v = self._split_heads(self.v_proj(x))
+        if context is None:
             if self.rope is not None:
                 k = self.rope(k, positions)
             if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
@@ -209,8 +223,7 @@ class MultiHeadAttention(nn.Module):
                 )
                 return self._output(out, weights, B, Tq, D)
         else:
-            k = self._split_heads(self.k_proj(context))  # (B, H, Tk, Dh)
-            v = self._split_heads(self.v_proj(context))
+            k, v = self._split_heads(self.kv_proj(context), 2)  # (B, H, Tk, Dh) each
             if self.rope is not None:
                 k = self.rope(k, context_positions)
             if cache is not None:

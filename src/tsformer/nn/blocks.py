@@ -73,12 +73,12 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
         self.pre_norm = cfg.norm == "pre"
 
-        def attention():
-            return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention)
+        def attention(cross: bool):
+            return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention, cross)
 
-        self.self_attn = attention()
+        self.self_attn = attention(cross=False)
         self.norm_self = make_norm(cfg)
-        self.cross_attn = attention() if cross_attention else None
+        self.cross_attn = attention(cross=True) if cross_attention else None
         self.norm_cross = make_norm(cfg) if cross_attention else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
         self.norm_ffn = make_norm(cfg)

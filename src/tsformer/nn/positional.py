@@ -30,12 +30,13 @@ class SinusoidalPositionalEncoding(nn.Module):
         if d_model % 2 != 0:
             raise ValueError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
         inv_freq = torch.exp(-math.log(base) * torch.arange(0, d_model, 2).float() / d_model)  # (D/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # channel 2i is sin(pos * w_i), channel 2i + 1 is cos(pos * w_i) = sin(pos * w_i + pi / 2): one
+        # sine over per-channel frequencies and phases gives the whole table, two ops (not six) per call
+        self.register_buffer("freq", inv_freq.repeat_interleave(2), persistent=False)  # (D,): w_0, w_0, w_1, ...
+        self.register_buffer("phase", torch.tensor([0.0, math.pi / 2]).repeat(d_model // 2), persistent=False)  # (D,)
 
     def encoding(self, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # (T, D/2)
-        pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, D/2, 2): sin, cos interleaved
-        return pe.flatten(1)  # (T, D)
+        return torch.addcmul(self.phase, positions.unsqueeze(1), self.freq).sin()  # (T, D): pos * w + phase
 
     def check_length(self, n_positions: int) -> None:
         pass  # defined for every position
