@@ -368,7 +368,9 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
         "mse_drop_last_128": drop_last_mse(window_mse),
         "sizes": sizes,
     }
-    mlflow.set_tracking_uri(tracking.absolute_sqlite_uri("sqlite:///mlflow.db"))
+    uri = tracking.absolute_sqlite_uri("sqlite:///mlflow.db")
+    tracking.prepare_sqlite_store(uri, EXPERIMENT)  # other benchmark processes may be creating it too
+    mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name=f"{name}-{dataset}-{L}-{H}") as active:
         mlflow.set_tags({"benchmark_row": name, "dataset": dataset, "family": name, "sizes": sizes})

@@ -8,9 +8,11 @@ final status (FINISHED, KILLED or FAILED). A resumed run (`resume.py`) logs into
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +32,31 @@ def absolute_sqlite_uri(uri: str | None) -> str | None:
     if uri and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri.removeprefix(prefix)).resolve())
     return uri
+
+
+def prepare_sqlite_store(uri: str | None, experiment_name: str) -> None:
+    """Create the MLflow database of an absolute `sqlite:////...` URI and its experiment, one process at a time.
+
+    MLflow creates the tables of a new database when a process first opens it. Processes that open
+    the same new database at once (runs started together: a parallel sweep launcher, two terminals,
+    benchmark processes) race through its schema migrations, and all but one fail ("table experiments
+    already exists", "Online migration expected to match one row"); those that find no experiment
+    of the name at once race creating it. Here both happen under a lock (a file in the temporary
+    folder, named after the database): one process creates, the others find. Other URIs (servers,
+    which migrate once at their start): nothing to do.
+    """
+    prefix = "sqlite:///"
+    if not uri or not uri.startswith(prefix):
+        return
+    from filelock import FileLock
+    from mlflow import MlflowClient
+
+    database = uri.removeprefix(prefix)
+    lock = Path(tempfile.gettempdir()) / f"tsformer-mlflow-{hashlib.sha256(database.encode()).hexdigest()[:16]}.lock"
+    with FileLock(lock):
+        client = MlflowClient(uri)  # opening the database creates its tables when there are none
+        if client.get_experiment_by_name(experiment_name) is None:
+            client.create_experiment(experiment_name)
 
 
 @contextmanager

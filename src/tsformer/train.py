@@ -144,7 +144,11 @@ def run(cfg: DictConfig) -> RunResult | None:
     # Under DDP every process runs this function, and the loggers belong to the first one: the others
     # would only race it creating the MLflow database (torchrun and srun start them all at once).
     # rank_zero_only.rank is the rank the launcher gave (RANK, SLURM_PROCID or LOCAL_RANK).
-    loggers = _instantiate_group(cfg.get("logger")) if rank_zero_only.rank == 0 else []
+    loggers = []
+    if rank_zero_only.rank == 0:
+        if (found := tracking.mlflow_logger_entry(cfg)) is not None:  # other runs may be creating it too
+            tracking.prepare_sqlite_store(found[1].tracking_uri, found[1].experiment_name)
+        loggers = _instantiate_group(cfg.get("logger"))
     mlflow_logger = tracking.find_mlflow_logger(loggers)
     callbacks = _instantiate_group(cfg.get("callbacks"))
     callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
