@@ -4,7 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from tsformer.nn.attention import MultiHeadAttention, record_attention, scaled_dot_product_attention
+from tsformer.nn.attention import (
+    MultiHeadAttention,
+    record_attention,
+    scaled_dot_product_attention,
+    stacked_projections,
+)
 from tsformer.nn.masks import causal_mask, combine_masks, lengths_to_valid, padding_mask
 
 B, H, DH = 3, 4, 8
@@ -106,6 +111,16 @@ def test_multi_head_attention_matches_torch(fused):
     valid = lengths_to_valid(torch.tensor([n_k, 4]), n_k)
     expected, _ = copy_into_torch_mha(ours, d_model, n_heads)(x, ctx, ctx, key_padding_mask=~valid)
     assert torch.allclose(ours(x, context=ctx, mask=padding_mask(valid)), expected, atol=1e-5)
+
+
+def test_stacked_projections_draw_what_separate_layers_draw():
+    torch.manual_seed(3)
+    separate = [nn.Linear(8, 8) for _ in range(3)]
+    torch.manual_seed(3)
+    stacked = stacked_projections(8, 3, bias=True)
+    assert torch.equal(stacked.weight, torch.cat([p.weight for p in separate]))  # (24, 8): [W_Q; W_K; W_V]
+    assert torch.equal(stacked.bias, torch.cat([p.bias for p in separate]))
+    assert stacked_projections(8, 2, bias=False).bias is None
 
 
 def test_attention_layer_refuses_the_other_kind_of_call():

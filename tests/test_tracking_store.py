@@ -1,7 +1,7 @@
 """Runs started at once in one folder share one new `mlflow.db`: MLflow creates its tables at the first
-opening, and processes opening it together race through the schema migrations (without the lock of
-`tracking.prepare_sqlite_store`, all four processes below fail: "table experiments already exists",
-"Online migration expected to match one row")."""
+opening, and processes opening it together race through the schema migrations (with the lock of
+`tracking.prepare_sqlite_store` taken out, this test fails: "table alembic_version already exists";
+four bare MLflow clients opening one new database at once all failed here)."""
 
 from __future__ import annotations
 

@@ -131,6 +131,22 @@ def shared_prefix_attention(
     return out, weights
 
 
+def stacked_projections(d_model: int, n: int, bias: bool) -> nn.Linear:
+    """n projections d_model -> d_model side by side, as one `nn.Linear(d_model, n * d_model)`.
+
+    Each block is initialised as its own `nn.Linear(d_model, d_model)`, one after the other: the same
+    distribution as one wide layer (both bound by 1 / sqrt(d_model)), and a seeded run draws the same
+    weights as with n separate layers.
+    """
+    blocks = [nn.Linear(d_model, d_model, bias=bias) for _ in range(n)]
+    stacked = torch.nn.utils.skip_init(nn.Linear, d_model, n * d_model, bias=bias)  # no draws of its own
+    with torch.no_grad():
+        stacked.weight.copy_(torch.cat([b.weight for b in blocks]))  # (n * d_model, d_model)
+        if bias:
+            stacked.bias.copy_(torch.cat([b.bias for b in blocks]))
+    return stacked
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: self-attention, or cross-attention (`cross_attention=True`) to a context.
 
@@ -160,9 +176,9 @@ class MultiHeadAttention(nn.Module):
         self.cross_attention = cross_attention
         if cross_attention:
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+            self.kv_proj = stacked_projections(d_model, 2, bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv_proj = stacked_projections(d_model, 3, bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
         self.rope = rope

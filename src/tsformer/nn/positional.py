@@ -30,13 +30,12 @@ class SinusoidalPositionalEncoding(nn.Module):
         if d_model % 2 != 0:
             raise ValueError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
         inv_freq = torch.exp(-math.log(base) * torch.arange(0, d_model, 2).float() / d_model)  # (D/2,)
-        # channel 2i is sin(pos * w_i), channel 2i + 1 is cos(pos * w_i) = sin(pos * w_i + pi / 2): one
-        # sine over per-channel frequencies and phases gives the whole table, two ops (not six) per call
-        self.register_buffer("freq", inv_freq.repeat_interleave(2), persistent=False)  # (D,): w_0, w_0, w_1, ...
-        self.register_buffer("phase", torch.tensor([0.0, math.pi / 2]).repeat(d_model // 2), persistent=False)  # (D,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def encoding(self, positions: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self.phase, positions.unsqueeze(1), self.freq).sin()  # (T, D): pos * w + phase
+        angles = positions.unsqueeze(1) * self.inv_freq  # (T, D/2), float (integer positions promote)
+        pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, D/2, 2): sin, cos interleaved
+        return pe.flatten(1)  # (T, D)
 
     def check_length(self, n_positions: int) -> None:
         pass  # defined for every position
