@@ -123,6 +123,25 @@ def test_stacked_projections_draw_what_separate_layers_draw():
     assert stacked_projections(8, 2, bias=False).bias is None
 
 
+@pytest.mark.parametrize("cross", [False, True])
+def test_checkpoint_with_separate_projections_loads(cross):
+    """State dicts saved with separate `q_proj`, `k_proj`, `v_proj` (before they were stacked) load."""
+    torch.manual_seed(0)
+    saved = MultiHeadAttention(16, 2, cross_attention=cross).eval()
+    old_layout = {k: v for k, v in saved.state_dict().items() if "qkv_proj" not in k and "kv_proj" not in k}
+    stacked, names = (saved.kv_proj, "kv") if cross else (saved.qkv_proj, "qkv")
+    for kind in ("weight", "bias"):
+        for name, block in zip(names, getattr(stacked, kind).chunk(len(names))):
+            old_layout[f"{name}_proj.{kind}"] = block
+    assert {"q_proj.weight", "k_proj.weight", "v_proj.bias"} <= set(old_layout)
+    torch.manual_seed(1)
+    loaded = MultiHeadAttention(16, 2, cross_attention=cross).eval()
+    loaded.load_state_dict(old_layout)  # strict: every key placed
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    args = dict(context=ctx) if cross else dict(causal=True)
+    assert torch.equal(loaded(x, **args), saved(x, **args))
+
+
 def test_attention_layer_refuses_the_other_kind_of_call():
     x = torch.randn(2, 3, 8)
     with pytest.raises(ValueError, match="self-attention layer"):

@@ -147,6 +147,21 @@ def stacked_projections(d_model: int, n: int, bias: bool) -> nn.Linear:
     return stacked
 
 
+def stack_separate_projections(module: MultiHeadAttention, state_dict: dict, prefix: str, *args) -> None:
+    """A checkpoint saved before the projections were stacked holds `q_proj`, `k_proj` and `v_proj`:
+    they are stacked as it loads (into `qkv_proj` for self-attention, `kv_proj` for cross-attention)."""
+    for kind in ("weight", "bias"):
+        names = [f"{prefix}{p}_proj.{kind}" for p in ("q", "k", "v")]
+        if not all(name in state_dict for name in names):
+            continue
+        q, k, v = (state_dict.pop(name) for name in names)
+        if module.cross_attention:
+            state_dict[f"{prefix}q_proj.{kind}"] = q
+            state_dict[f"{prefix}kv_proj.{kind}"] = torch.cat([k, v])  # (2 * d_model, ...)
+        else:
+            state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([q, k, v])  # (3 * d_model, ...)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: self-attention, or cross-attention (`cross_attention=True`) to a context.
 
@@ -186,6 +201,7 @@ class MultiHeadAttention(nn.Module):
         # When True (see `record_attention`), the reference path runs and keeps the weights here.
         self.record_weights = False
         self.last_weights: torch.Tensor | None = None
+        self.register_load_state_dict_pre_hook(stack_separate_projections)
 
     def _split_heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
         """`(B, T, n * d_model)`, n projections side by side -> n tensors `(B, H, T, Dh)` (views)."""
