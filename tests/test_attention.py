@@ -138,7 +138,7 @@ def test_checkpoint_with_separate_projections_loads(cross):
     loaded = MultiHeadAttention(16, 2, cross_attention=cross).eval()
     loaded.load_state_dict(old_layout)  # strict: every key placed
     x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    args = dict(context=ctx) if cross else dict(causal=True)
+    args = {"context": ctx} if cross else {"causal": True}
     assert torch.equal(loaded(x, **args), saved(x, **args))
 
 
