@@ -139,7 +139,8 @@ def stacked_projections(d_model: int, n: int, bias: bool) -> nn.Linear:
     weights as with n separate layers.
     """
     blocks = [nn.Linear(d_model, d_model, bias=bias) for _ in range(n)]
-    stacked = torch.nn.utils.skip_init(nn.Linear, d_model, n * d_model, bias=bias)  # no draws of its own
+    like = {"device": blocks[0].weight.device, "dtype": blocks[0].weight.dtype}  # torch's defaults, as the blocks
+    stacked = torch.nn.utils.skip_init(nn.Linear, d_model, n * d_model, bias=bias, **like)  # no draws of its own
     with torch.no_grad():
         stacked.weight.copy_(torch.cat([b.weight for b in blocks]))  # (n * d_model, d_model)
         if bias:
