@@ -34,7 +34,7 @@ def absolute_sqlite_uri(uri: str | None) -> str | None:
     return uri
 
 
-def prepare_sqlite_store(uri: str | None, experiment_name: str) -> None:
+def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     """Create the MLflow database of an absolute `sqlite:////...` URI and its experiment, one process at a time.
 
     MLflow creates the tables of a new database when a process first opens it. Processes that open
@@ -55,7 +55,7 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str) -> None:
     lock = Path(tempfile.gettempdir()) / f"tsformer-mlflow-{hashlib.sha256(database.encode()).hexdigest()[:16]}.lock"
     with FileLock(lock):
         client = MlflowClient(uri)  # opening the database creates its tables when there are none
-        if client.get_experiment_by_name(experiment_name) is None:
+        if experiment_name and client.get_experiment_by_name(experiment_name) is None:
             client.create_experiment(experiment_name)
 
 
