@@ -33,7 +33,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def encoding(self, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.unsqueeze(1) * self.inv_freq  # (T, D/2), float (integer positions promote)
+        angles = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # (T, D/2)
         pe = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, D/2, 2): sin, cos interleaved
         return pe.flatten(1)  # (T, D)
 
