@@ -93,6 +93,7 @@ class MLflowSweep(Callback):
     def _open_parent_run(self, config: DictConfig, uri: str, experiment_name: str) -> None:
         from mlflow import MlflowClient
 
+        tracking.prepare_sqlite_store(uri, experiment_name)  # another sweep or run may be creating it too
         self.client = MlflowClient(uri)
         self.started = time.time()
         self.sweep_dir = sweep_dir = Path(config.hydra.sweep.dir).resolve()
