@@ -10,6 +10,11 @@ Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.
 A query whose keys are ALL masked (e.g. a padded query in a padded batch) would give softmax over
 all -inf = NaN. Here such a row attends nowhere and its output is defined as zero.
 
+Residual attention (`residual_attention`; RealFormer, He et al. 2021, and PatchTST's encoder): each
+layer's scores before the softmax add the previous layer's, Q_l K_l^T / sqrt(d_k) + S_(l-1), and
+are passed on to the next layer. Encoders only, and always the reference path: the next layer needs
+the scores, which the fused kernel does not return.
+
 Sampled trajectories (S paths per window, `KVCache.share`) attend over keys shared by the S paths of
 a window (its history, its encoder memory) and keys of their own: `shared_prefix_attention` reads
 the shared keys once per window for all S queries, as one matrix product, instead of S copies.
@@ -54,11 +59,7 @@ def scaled_dot_product_attention(
         else:
             mask = combine_masks(mask, causal_mask(n_q, n_k, device=q.device))
 
-    has_key = None
-    if mask is not None:
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1): False on fully masked rows
-        mask = mask | ~has_key  # let those rows attend everywhere (finite), zero them below
-
+    mask, has_key = open_rows_with_no_key(mask)
     if fused and not return_weights:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal)
         weights = None
@@ -71,11 +72,54 @@ def scaled_dot_product_attention(
             weights = F.dropout(weights, p=dropout_p)
         out = weights @ v  # (B, H, Tq, Dh)
 
+    return zero_rows_with_no_key(out, weights, has_key)
+
+
+def open_rows_with_no_key(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A query whose keys are all masked would softmax to NaN: its row may attend everywhere instead
+    (finite), and `zero_rows_with_no_key` zeroes its output after. Returns `(mask, has_key (..., Tq, 1))`."""
+    if mask is None:
+        return None, None
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., Tq, 1): False on fully masked rows
+    return mask | ~has_key, has_key
+
+
+def zero_rows_with_no_key(
+    out: torch.Tensor, weights: torch.Tensor | None, has_key: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
         if weights is not None:
             weights = weights.masked_fill(~has_key, 0.0)
     return out, weights
+
+
+def residual_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prev_scores: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention whose scores add the previous layer's: softmax(q k^T / sqrt(Dh) + prev_scores) v.
+
+    q, k, v as `scaled_dot_product_attention` (no causal option: encoders only); prev_scores:
+    `(B, H, Tq, Tk)`, the previous layer's scores, or None in the first layer. Returns `(out
+    (B, H, Tq, Dh), weights (B, H, Tq, Tk), scores (B, H, Tq, Tk))`: `scores` (masked keys at -inf)
+    are the next layer's `prev_scores`.
+    """
+    mask, has_key = open_rows_with_no_key(mask)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if prev_scores is not None:
+        scores = scores + prev_scores
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    out, weights = zero_rows_with_no_key(weights @ v, weights, has_key)  # (B, H, Tq, Dh)
+    return out, weights, scores
 
 
 def shared_prefix_attention(
@@ -171,7 +215,9 @@ class MultiHeadAttention(nn.Module):
     [W_Q; W_K; W_V]) or `q_proj` and `kv_proj` (cross-attention: queries from the input, [W_K; W_V]
     from the context). The same numbers as three separate products, in one kernel launch instead of
     three, forward and backward. Then an output projection W_O. With a `RotaryEmbedding`, queries and
-    keys are rotated by their positions after projection.
+    keys are rotated by their positions after projection. With `residual_scores=True` (self-attention
+    of an encoder), a call takes the previous layer's scores (`prev_scores`) and returns `(out,
+    scores)`: see `residual_attention`.
     """
 
     def __init__(
@@ -183,10 +229,13 @@ class MultiHeadAttention(nn.Module):
         rope: RotaryEmbedding | None = None,
         fused: bool = True,
         cross_attention: bool = False,
+        residual_scores: bool = False,
     ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if residual_scores and cross_attention:
+            raise ValueError("residual attention scores are for self-attention layers, not cross-attention")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.cross_attention = cross_attention
@@ -199,6 +248,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rope = rope
         self.fused = fused
+        self.residual_scores = residual_scores
         # When True (see `record_attention`), the reference path runs and keeps the weights here.
         self.record_weights = False
         self.last_weights: torch.Tensor | None = None
@@ -218,12 +268,15 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None = None,
         context_positions: torch.Tensor | None = None,
         cache: SelfAttentionCache | CrossAttentionCache | None = None,
-    ) -> torch.Tensor:
+        prev_scores: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x: `(B, Tq, d_model)`; context: `(B, Tk, d_model)` for cross-attention, else None.
 
         positions / context_positions: `(Tq,)` / `(Tk,)` absolute positions, used by RoPE only.
         cache: a `SelfAttentionCache` (self-attention: new keys are appended, all are attended) or
         a `CrossAttentionCache` (cross-attention: keys/values of the context computed once).
+        prev_scores: `(B, H, Tq, Tq)` the previous layer's scores, layers built with
+        `residual_scores=True` only, which return `(out, scores)`.
         """
         if self.cross_attention and context is None:
             raise ValueError("this is a cross-attention layer: it needs the context (the encoder memory)")
@@ -236,6 +289,15 @@ class MultiHeadAttention(nn.Module):
             (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, Tq, Dh)
         if self.rope is not None:
             q = self.rope(q, positions)
+        if self.residual_scores:
+            if causal or cache is not None:
+                raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
+            k = self.rope(k, positions) if self.rope is not None else k
+            dropout_p = self.dropout if self.training else 0.0
+            out, weights, scores = residual_attention(q, k, v, prev_scores, mask=mask, dropout_p=dropout_p)
+            return self._output(out, weights, B, Tq, D), scores
+        if prev_scores is not None:
+            raise ValueError("prev_scores given to a layer built without residual_scores=True")
 
         if context is None:
             if self.rope is not None:

@@ -14,6 +14,10 @@ feature over all the batch's tokens in training, with the running averages kept 
 PatchTST's encoder, with Post-Norm. BatchNorm's training statistics mix every step of the batch,
 future steps included, so a causal stack refuses it, and so does a padded sequence (its padding
 would enter the statistics).
+
+Residual attention (`residual_attention`, PatchTST's encoder): each block's self-attention scores
+add the previous block's before the softmax (see `attention.residual_attention`); the stack carries
+them from block to block. Encoder stacks only.
 """
 
 from __future__ import annotations
@@ -72,9 +76,13 @@ class TransformerBlock(nn.Module):
         if cfg.norm not in NORMS:
             raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
         self.pre_norm = cfg.norm == "pre"
+        self.residual_attention = cfg.residual_attention
 
         def attention(cross: bool):
-            return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention, cross)
+            return MultiHeadAttention(
+                cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention, cross,
+                residual_scores=cfg.residual_attention and not cross,
+            )
 
         self.self_attn = attention(cross=False)
         self.norm_self = make_norm(cfg)
@@ -100,11 +108,23 @@ class TransformerBlock(nn.Module):
         memory_positions: torch.Tensor | None = None,
         self_cache=None,
         cross_cache=None,
-    ) -> torch.Tensor:
-        """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention."""
-        x = self._residual(
-            x, self.norm_self, lambda h: self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
-        )
+        prev_scores: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention.
+
+        With residual attention: prev_scores, the previous block's `(B, H, T, T)` scores (None in the
+        first), and returns `(x, scores)`.
+        """
+        scores = None
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            nonlocal scores
+            if self.residual_attention:
+                out, scores = self.self_attn(h, mask=mask, positions=positions, prev_scores=prev_scores)
+                return out
+            return self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
+
+        x = self._residual(x, self.norm_self, self_attention)
         if self.cross_attn is not None:
             x = self._residual(
                 x,
@@ -118,7 +138,8 @@ class TransformerBlock(nn.Module):
                     cache=cross_cache,
                 ),
             )
-        return self._residual(x, self.norm_ffn, self.ffn)
+        x = self._residual(x, self.norm_ffn, self.ffn)
+        return (x, scores) if self.residual_attention else x
 
 
 class TransformerStack(nn.Module):
@@ -142,7 +163,13 @@ class TransformerStack(nn.Module):
                 "model.net.norm_layer=batch is for encoders only: in training, BatchNorm's statistics over "
                 "the batch would carry later steps into earlier ones of a causal (decoder) stack"
             )
+        if cfg.residual_attention and (causal or cross_attention):
+            raise ValueError(
+                "model.net.residual_attention=true is for encoders only: a decoder's KV cache keeps keys and "
+                "values, not the scores of earlier layers"
+            )
         self.causal = causal
+        self.residual_attention = cfg.residual_attention
         self.batch_norm = cfg.norm_layer == "batch"
         self.blocks = nn.ModuleList(TransformerBlock(cfg, cross_attention, rope) for _ in range(n_layers))
         self.final_norm = make_norm(cfg) if cfg.norm == "pre" else nn.Identity()
@@ -159,9 +186,10 @@ class TransformerStack(nn.Module):
     ) -> torch.Tensor:
         if self.batch_norm and mask is not None:
             raise ValueError("model.net.norm_layer=batch takes whole sequences: its statistics would include padded steps")
+        scores = None  # residual attention: the previous block's scores
         for i, block in enumerate(self.blocks):
             self_cache, cross_cache = cache.layer(i) if cache is not None else (None, None)
-            x = block(
+            out = block(
                 x,
                 mask=mask,
                 causal=self.causal,
@@ -171,5 +199,7 @@ class TransformerStack(nn.Module):
                 memory_positions=memory_positions,
                 self_cache=self_cache,
                 cross_cache=cross_cache,
+                prev_scores=scores,
             )
+            x, scores = out if self.residual_attention else (out, None)
         return self.final_norm(x)

@@ -23,6 +23,8 @@ class TransformerConfig:
     max_len: int = 1024  # positions a learned encoding knows; unused by the others
     rope_base: float = 10000.0
     fused_attention: bool = True  # F.scaled_dot_product_attention; False = readable reference path
+    # each layer's attention scores add the previous layer's (PatchTST's encoder); encoders only
+    residual_attention: bool = False
     bias: bool = True
 
     @property
