@@ -4,9 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from tsformer.nn.attention import (
     MultiHeadAttention,
     record_attention,
+    residual_attention,
     scaled_dot_product_attention,
     stacked_projections,
 )
@@ -161,3 +164,46 @@ def test_record_attention_keeps_weights_and_switches_back():
     assert torch.allclose(plain, recorded, atol=1e-5)
     assert mha.last_weights.shape == (2, 2, 5, 5)
     assert not mha.record_weights
+
+
+@pytest.mark.parametrize("kind", ["none", "padding"])
+def test_residual_attention_adds_the_previous_scores(kind):
+    """softmax(q k^T / sqrt(Dh) + prev) v, checked against the fused kernel given prev as an additive
+    mask; the scores it passes on are that sum, masked keys at -inf."""
+    q, k, v = qkv(6, 6)
+    prev = torch.randn(B, H, 6, 6, generator=torch.Generator().manual_seed(1))
+    mask, _ = masks_for(6, 6)[kind]
+    out, weights, scores = residual_attention(q, k, v, prev, mask=mask)
+
+    expected_scores = q @ k.transpose(-2, -1) / DH**0.5 + prev
+    additive = prev if mask is None else prev.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        expected_scores = expected_scores.masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(scores, expected_scores)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=additive), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, 6))
+
+    # the first layer (no previous scores) is plain attention
+    first, _, _ = residual_attention(q, k, v, None, mask=mask)
+    torch.testing.assert_close(first, scaled_dot_product_attention(q, k, v, mask=mask)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_residual_scores_layer_returns_its_scores_and_refuses_other_uses():
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(16, 4).eval()
+    residual = MultiHeadAttention(16, 4, residual_scores=True).eval()
+    residual.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 5, 16)
+    out, scores = residual(x)
+    assert scores.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(out, plain(x), atol=1e-5, rtol=1e-5)
+    out2, scores2 = residual(x, prev_scores=scores)
+    assert not torch.allclose(out2, out, atol=1e-3)  # the previous scores change the weights
+    torch.testing.assert_close(scores2, scores + scores)  # same input, same own scores, plus the previous
+
+    with pytest.raises(ValueError, match="no causal mask, no KV cache"):
+        residual(x, causal=True)
+    with pytest.raises(ValueError, match="built without residual_scores=True"):
+        plain(x, prev_scores=scores)
+    with pytest.raises(ValueError, match="not cross-attention"):
+        MultiHeadAttention(16, 4, cross_attention=True, residual_scores=True)

@@ -317,10 +317,15 @@ def test_patchtst_preset_is_the_papers_setup(in_tmp):
     assert n_patches(m.context_len, m.patch_len, m.patch_stride) == 64
 
 
-def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp):
+PATCHTST_BLOCKS = ["model.net.norm_layer=batch", "model.net.norm=post", "model.net.residual_attention=true"]
+
+
+@pytest.mark.parametrize("blocks", [[], PATCHTST_BLOCKS], ids=["preset", "paper_blocks"])
+def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     """Tiny sizes: a few steps of training, forecasts of the right shape, and the saved model folder
-    forecasts what training exported."""
-    overrides = ["model=patchtst", *TINY, "model.context_len=48", "model.horizon=24", "logger=none"]
+    forecasts what training exported; also with the blocks of PatchTST's code (BatchNorm after each
+    sublayer, residual attention)."""
+    overrides = ["model=patchtst", *TINY, "model.context_len=48", "model.horizon=24", "logger=none", *blocks]
     result = run(compose_config(overrides, in_tmp / "out"))
     targets = ["dynamic_temperature", "dynamic_pressure"]
     per_window = result.forecasts.groupby(["series_id", "origin_time"]).size()
@@ -331,6 +336,7 @@ def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp):
     forecaster = Forecaster.load(result.model_folder)
     hp = forecaster.task.hparams
     assert (hp.revin, hp.channel_independent, hp.patch_len, hp.patch_stride) == (True, True, 16, 8)
+    assert hp.net["residual_attention"] == bool(blocks)
     origin = pd.Timestamp(result.forecasts.origin_time.max())
     table = simulate_plant(n_series=2, n_steps=800, freq="1min", seed=0)
     table = table[table.time <= origin + 24 * pd.Timedelta("1min")].copy()

@@ -330,6 +330,51 @@ def test_batch_norm_layer_is_refused_where_it_would_mix_steps():
         TransformerStack(TransformerConfig(norm_layer="group", **TINY), 2)
 
 
+@pytest.mark.parametrize("norm", NORMS)
+def test_residual_attention_carries_each_blocks_scores_to_the_next(norm):
+    """model.net.residual_attention (PatchTST's encoder): block 0 gets no previous scores, each later
+    block gets exactly the scores the block before it returned; with one block it is plain attention."""
+    from tsformer.nn.blocks import TransformerStack
+    from tsformer.nn.config import TransformerConfig
+
+    torch.manual_seed(0)
+    stack = TransformerStack(TransformerConfig(norm=norm, residual_attention=True, **TINY), 3).eval()
+    plain = TransformerStack(TransformerConfig(norm=norm, **TINY), 3).eval()
+    plain.load_state_dict(stack.state_dict())
+    calls = []
+    hooks = [
+        block.self_attn.register_forward_hook(lambda m, args, kw, out: calls.append((kw["prev_scores"], out[1])), with_kwargs=True)
+        for block in stack.blocks
+    ]
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        out = stack(x)
+        assert calls[0][0] is None
+        for (_, given), (received, _) in itertools.pairwise(calls):
+            assert received is given
+        assert not torch.allclose(out, plain(x), atol=1e-3)  # the carried scores change the output
+    for hook in hooks:
+        hook.remove()
+
+    one = TransformerStack(TransformerConfig(norm=norm, residual_attention=True, **TINY), 1).eval()
+    one_plain = TransformerStack(TransformerConfig(norm=norm, **TINY), 1).eval()
+    one_plain.load_state_dict(one.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(one(x), one_plain(x), atol=1e-5, rtol=1e-5)
+
+
+def test_residual_attention_is_refused_in_decoder_stacks():
+    from tsformer.nn.blocks import TransformerStack
+    from tsformer.nn.config import TransformerConfig
+
+    with pytest.raises(ValueError, match="residual_attention=true is for encoders only"):
+        TransformerStack(TransformerConfig(residual_attention=True, **TINY), 2, causal=True)
+    with pytest.raises(ValueError, match="residual_attention=true is for encoders only"):
+        dec_only(residual_attention=True)
+    with pytest.raises(ValueError, match="residual_attention=true is for encoders only"):
+        enc_dec(residual_attention=True)
+
+
 def test_learned_positions_with_patches_are_checked_from_the_shapes():
     """Patches 8/8 over 32 steps start at 0, 8, .., 32 (the end padding's patch): a learned table
     needs 33 positions. With 32 it is refused by name before any lookup, in both families that take
