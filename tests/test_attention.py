@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-from torch import nn
-
 import torch.nn.functional as F
+from torch import nn
 
 from tsformer.nn.attention import (
     MultiHeadAttention,
