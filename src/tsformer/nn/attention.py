@@ -64,15 +64,32 @@ def scaled_dot_product_attention(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal)
         weights = None
     else:
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        if dropout_p > 0.0:
-            weights = F.dropout(weights, p=dropout_p)
-        out = weights @ v  # (B, H, Tq, Dh)
-
+        out, weights, _ = reference_attention(q, k, v, mask, dropout_p)
     return zero_rows_with_no_key(out, weights, has_key)
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    prev_scores: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The formula spelled out, on a mask whose rows each have a key (`open_rows_with_no_key`).
+
+    prev_scores: added to the scores before the softmax (residual attention). Returns `(out
+    (B, H, Tq, Dh), weights (B, H, Tq, Tk), scores (B, H, Tq, Tk))`, masked keys' scores at -inf.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if prev_scores is not None:
+        scores = scores + prev_scores
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights, scores  # out (B, H, Tq, Dh)
 
 
 def open_rows_with_no_key(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -110,15 +127,8 @@ def residual_attention(
     are the next layer's `prev_scores`.
     """
     mask, has_key = open_rows_with_no_key(mask)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-    if prev_scores is not None:
-        scores = scores + prev_scores
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    out, weights = zero_rows_with_no_key(weights @ v, weights, has_key)  # (B, H, Tq, Dh)
+    out, weights, scores = reference_attention(q, k, v, mask, dropout_p, prev_scores)
+    out, weights = zero_rows_with_no_key(out, weights, has_key)
     return out, weights, scores
 
 
@@ -289,19 +299,18 @@ class MultiHeadAttention(nn.Module):
             (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, Tq, Dh)
         if self.rope is not None:
             q = self.rope(q, positions)
-        if self.residual_scores:
-            if causal or cache is not None:
-                raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
-            k = self.rope(k, positions) if self.rope is not None else k
-            dropout_p = self.dropout if self.training else 0.0
-            out, weights, scores = residual_attention(q, k, v, prev_scores, mask=mask, dropout_p=dropout_p)
-            return self._output(out, weights, B, Tq, D), scores
-        if prev_scores is not None:
+        if prev_scores is not None and not self.residual_scores:
             raise ValueError("prev_scores given to a layer built without residual_scores=True")
 
         if context is None:
             if self.rope is not None:
                 k = self.rope(k, positions)
+            if self.residual_scores:  # (a residual layer is a self-attention layer)
+                if causal or cache is not None:
+                    raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
+                dropout_p = self.dropout if self.training else 0.0
+                out, weights, scores = residual_attention(q, k, v, prev_scores, mask=mask, dropout_p=dropout_p)
+                return self._output(out, weights, B, Tq, D), scores
             if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
                 k, v = cache.append(k, v)  # the paths' own (B * S, H, T1, Dh)
                 out, weights = shared_prefix_attention(
