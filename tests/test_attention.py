@@ -206,3 +206,21 @@ def test_residual_scores_layer_returns_its_scores_and_refuses_other_uses():
         plain(x, prev_scores=scores)
     with pytest.raises(ValueError, match="not cross-attention"):
         MultiHeadAttention(16, 4, cross_attention=True, residual_scores=True)
+
+
+@pytest.mark.parametrize("attention_dropout, expected", [(None, 0.3), (0.0, 0.0), (0.1, 0.1)])
+def test_attention_dropout_sets_the_weights_dropout_only(attention_dropout, expected):
+    """`attention_dropout` drops attention weights (None: `dropout`); `dropout` stays on the residual
+    branches and the FFN (PatchTST's code: 0 on the weights, 0.2-0.3 elsewhere)."""
+    from tsformer.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+
+    cfg = EncoderOnlyConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.3, attention_dropout=attention_dropout)
+    model = EncoderOnly(cfg).train()
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(attentions) == 2 and all(m.dropout == expected for m in attentions)
+    dropouts = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    assert dropouts and all(p == 0.3 for p in dropouts)
+    if expected == 0.0:  # in training mode, the weights are the same from one call to the next
+        x = torch.randn(2, 5, 16)
+        a = attentions[0]
+        assert torch.equal(a(x), a(x))

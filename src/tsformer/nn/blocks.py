@@ -80,7 +80,7 @@ class TransformerBlock(nn.Module):
 
         def attention(cross: bool):
             return MultiHeadAttention(
-                cfg.d_model, cfg.n_heads, cfg.dropout, cfg.bias, rope, cfg.fused_attention, cross,
+                cfg.d_model, cfg.n_heads, cfg.attention_weights_dropout, cfg.bias, rope, cfg.fused_attention, cross,
                 residual_scores=cfg.residual_attention and not cross,
             )
 

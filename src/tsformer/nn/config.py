@@ -17,6 +17,7 @@ class TransformerConfig:
     ffn_expansion: int = 4  # FFN hidden size = ffn_expansion * d_model
     activation: str = "gelu"  # "gelu" | "relu"
     dropout: float = 0.0  # lean default: dropout costs a lot on CPU; raise it for real training
+    attention_dropout: float | None = None  # on the attention weights; None: `dropout` (PatchTST's code: 0)
     norm: str = "pre"  # "pre" (modern default, stable) | "post" (original paper, wants LR warmup)
     norm_layer: str = "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
     positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "none"
@@ -30,3 +31,7 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def attention_weights_dropout(self) -> float:
+        return self.dropout if self.attention_dropout is None else self.attention_dropout

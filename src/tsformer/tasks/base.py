@@ -8,7 +8,8 @@ lives here once:
   `supported_options`;
 - the output head (`nn/heads.py`, `model.head`): a point forecast trained with MSE, MAE or Huber, or
   a distribution (Gaussian, Student-t, quantiles) trained on its negative log likelihood or pinball
-  loss; AdamW with linear warmup then cosine decay (warmup matters for Post-Norm);
+  loss; AdamW with a learning-rate schedule (`model.lr_schedule`): linear warmup then cosine decay
+  (the default; warmup matters for Post-Norm), or PatchTST's per-epoch decay (`epoch_decay`);
 - validation: `val/loss` (the training loss) and `val/mse`, `val/mae` of real predictions (for the
   autoregressive families: generated, feeding predictions back), monitored for checkpoints;
 - test: `test/mse`, `test/mae` on scaled values (the literature's convention), `test/mae_orig`,
@@ -67,6 +68,16 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def epoch_decay(epoch: int, hold_epochs: int, decay: float) -> float:
+    """LR multiplier of epoch `epoch` (0-based): 1 for the first `hold_epochs` epochs, then x `decay` an
+    epoch. PatchTST's ETT schedule ("type3": 4 epochs at the learning rate, then x 0.9 an epoch) is
+    hold 4, decay 0.9. It does not depend on the number of epochs, so a cap on them changes nothing."""
+    return decay ** max(0, epoch + 1 - hold_epochs)
+
+
+LR_SCHEDULES = ("warmup_cosine", "epoch_decay")
+
+
 def valid_steps(batch: dict, part: str) -> torch.Tensor:
     """`batch["<part>_valid"]` `(B, T)` bool; all True for batches built without it (by hand)."""
     if f"{part}_valid" in batch:
@@ -91,6 +102,9 @@ class WindowTask(L.LightningModule):
         weight_decay: float = 0.01,
         warmup_steps: int = 100,
         min_lr_ratio: float = 0.05,
+        lr_schedule: str = "warmup_cosine",
+        lr_hold_epochs: int = 4,
+        lr_decay: float = 0.9,
         baselines: list | None = None,
         d_static_num: int = 0,
         static_vocab_sizes: list[int] | None = None,
@@ -310,6 +324,12 @@ class WindowTask(L.LightningModule):
                 )
         if hp.patch_stride is not None and hp.patch_len is None:
             raise ValueError(f"model.patch_stride={hp.patch_stride} needs model.patch_len")
+        if hp.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"model.lr_schedule={hp.lr_schedule!r} is not one of {', '.join(LR_SCHEDULES)}")
+        if not 0.0 < hp.lr_decay <= 1.0 or hp.lr_hold_epochs < 0:
+            raise ValueError(
+                f"model.lr_decay={hp.lr_decay} must be in (0, 1] and model.lr_hold_epochs={hp.lr_hold_epochs} >= 0"
+            )
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]
@@ -447,6 +467,11 @@ class WindowTask(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        if hp.lr_schedule == "epoch_decay":  # set at each epoch's start; no warmup
+            schedule = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda epoch: epoch_decay(epoch, hp.lr_hold_epochs, hp.lr_decay)
+            )
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
         total = self.trainer.estimated_stepping_batches
         warmup = min(hp.warmup_steps, max(1, int(total) // 4))
         schedule = torch.optim.lr_scheduler.LambdaLR(
