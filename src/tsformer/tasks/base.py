@@ -468,13 +468,12 @@ class WindowTask(L.LightningModule):
         hp = self.hparams
         optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
         if hp.lr_schedule == "epoch_decay":  # set at each epoch's start; no warmup
-            schedule = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda epoch: epoch_decay(epoch, hp.lr_hold_epochs, hp.lr_decay)
-            )
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "epoch"}}
-        total = self.trainer.estimated_stepping_batches
-        warmup = min(hp.warmup_steps, max(1, int(total) // 4))
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, warmup, int(total), hp.min_lr_ratio)
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+            interval = "epoch"
+            multiplier = lambda epoch: epoch_decay(epoch, hp.lr_hold_epochs, hp.lr_decay)
+        else:
+            interval = "step"
+            total = int(self.trainer.estimated_stepping_batches)
+            warmup = min(hp.warmup_steps, max(1, total // 4))
+            multiplier = lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
