@@ -1,4 +1,5 @@
-"""Shared helpers: tiny settings for end-to-end runs, and an empty working folder."""
+"""Shared helpers: tiny settings for end-to-end runs, a batch of random windows, and an empty working
+folder."""
 
 from __future__ import annotations
 
@@ -47,6 +48,25 @@ def plant_csv_overrides(path) -> list[str]:
         f"data.known_cols=[{','.join(PLANT_KNOWN)}]",
         "data.series_col=series_id",
     ]
+
+
+def random_windows(n_hist: int, n_fut: int, d_target: int, d_known: int, d_observed: int, seed: int = 0) -> dict:
+    """A batch of 4 windows of standard normal values, as `WindowDataset` batches them (windows 0..3);
+    the parts drawn in this order from one generator seeded with `seed`."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    return {
+        "hist_target": r(4, n_hist, d_target),
+        "hist_known": r(4, n_hist, d_known),
+        "hist_observed": r(4, n_hist, d_observed),
+        "fut_target": r(4, n_fut, d_target),
+        "fut_known": r(4, n_fut, d_known),
+        "fut_observed": r(4, n_fut, d_observed),
+        "window": torch.arange(4),
+    }
 
 
 @pytest.fixture

@@ -7,26 +7,16 @@ import lightning as L
 import pytest
 import torch
 
+from conftest import random_windows
 from tsformer.tasks import EncoderForecaster
 
 N, M, DY = 12, 4, 2
 LR = 1e-3
 
 
-def batches(n: int = 3):
-    g = torch.Generator().manual_seed(0)
-    return [
-        {
-            "hist_target": torch.randn(4, N, DY, generator=g),
-            "hist_known": torch.zeros(4, N, 0),
-            "hist_observed": torch.zeros(4, N, 0),
-            "fut_target": torch.randn(4, M, DY, generator=g),
-            "fut_known": torch.zeros(4, M, 0),
-            "fut_observed": torch.zeros(4, M, 0),
-            "window": torch.arange(4) + 4 * i,
-        }
-        for i in range(n)
-    ]
+def batches(n: int = 3) -> list[dict]:
+    """n batches of 4 windows, no covariates."""
+    return [random_windows(N, M, DY, 0, 0, seed) for seed in range(n)]
 
 
 class RecordLR(L.Callback):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import TINY, random_windows
 from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.forecaster import Forecaster, ModelInfo, save_model_folder
 from tsformer.models import EncoderDecoder, EncoderDecoderConfig, EncoderOnly, EncoderOnlyConfig
@@ -60,22 +60,10 @@ def make_task(cls, opts: dict, d_target: int = DY, **kw):
 
 
 def batch(seed=0, d_target=DY) -> dict:
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g)
-
+    b = random_windows(N, M, d_target, DK, DO, seed)
     level = torch.tensor([5.0, -20.0, 100.0])[:d_target]  # channels on different levels and scales
     spread = torch.tensor([1.0, 3.0, 0.1])[:d_target]
-    return {
-        "hist_target": r(4, N, d_target) * spread + level,
-        "hist_known": r(4, N, DK),
-        "hist_observed": r(4, N, DO),
-        "fut_target": r(4, M, d_target) * spread + level,
-        "fut_known": r(4, M, DK),
-        "fut_observed": r(4, M, DO),
-        "window": torch.arange(4),
-    }
+    return dict(b, hist_target=b["hist_target"] * spread + level, fut_target=b["fut_target"] * spread + level)
 
 
 # -- RevIN ----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from conftest import random_windows
 from tsformer.models import DecoderOnly, DecoderOnlyConfig, EncoderDecoder, EncoderDecoderConfig
 from tsformer.nn.attention import scaled_dot_product_attention, shared_prefix_attention
 from tsformer.nn.heads import GaussianHead, PointHead, QuantileHead, StudentTHead
@@ -125,15 +126,6 @@ OPTIONS = {"plain": {}, "revin": {"revin": True, "revin_affine": True}, "ci": {"
            "revin-ci": {"revin": True, "channel_independent": True}}
 
 
-def task_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g)
-
-    return {"hist_target": r(4, N, DY), "hist_known": r(4, N, DK), "hist_observed": r(4, N, DO),
-            "fut_target": r(4, M, DY), "fut_known": r(4, M, DK), "fut_observed": r(4, M, DO), "window": torch.arange(4)}
-
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
 @pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
@@ -146,7 +138,7 @@ def test_forecast_distribution_reads_no_future_truth(task_cls, options, kind):
         with torch.no_grad():
             task.options.revin.weight.uniform_(0.5, 2.0)
             task.options.revin.bias.uniform_(-1.0, 1.0)
-    b = task_batch()
+    b = random_windows(N, M, DY, DK, DO)
     blind = dict(b, fut_target=torch.full_like(b["fut_target"], float("nan")),
                  fut_observed=torch.full_like(b["fut_observed"], float("nan")))
     with torch.no_grad():
@@ -176,7 +168,7 @@ def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
     torch.manual_seed(0)
     task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=0, context_len=N, horizon=M,
                     head={"kind": "gaussian", "num_samples": 8}, revin=True, channel_independent=ci).eval()
-    b = task_batch()
+    b = random_windows(N, M, DY, DK, DO)
     b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
     moved = dict(b, hist_target=b["hist_target"] * 3.0 + 10.0)
     with torch.no_grad():
@@ -192,7 +184,7 @@ def test_reconstruction_gives_marginal_quantiles_per_step():
     task = ReconstructionTask(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=0,
                               head={"kind": "quantile"}).eval()
     with torch.no_grad():
-        q = task.forecast_distribution(task_batch()).quantiles([0.1, 0.5, 0.9])
+        q = task.forecast_distribution(random_windows(N, M, DY, DK, DO)).quantiles([0.1, 0.5, 0.9])
     assert q.shape == (4, N, DY, 3) and (q.diff(dim=-1) >= 0).all()
 
 
@@ -205,7 +197,7 @@ def test_channel_independent_distributions_stay_with_their_channel(task_cls):
     torch.manual_seed(0)
     task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=0, context_len=N, horizon=M,
                     head={"kind": "gaussian", "num_samples": 8}, channel_independent=True).eval()
-    b = task_batch()
+    b = random_windows(N, M, DY, DK, DO)
     b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
     changed = dict(b, hist_target=b["hist_target"] + torch.tensor([0.0, 2.0]))
     with torch.no_grad():

@@ -3,27 +3,11 @@
 import pytest
 import torch
 
+from conftest import random_windows
 from tsformer.tasks import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 
 NET = {"d_model": 16, "n_heads": 2, "n_layers": 1}
 N, M, DY, DK, DO = 12, 6, 2, 3, 1
-
-
-def batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g)
-
-    return {
-        "hist_target": r(4, N, DY),
-        "hist_known": r(4, N, DK),
-        "hist_observed": r(4, N, DO),
-        "fut_target": r(4, M, DY),
-        "fut_known": r(4, M, DK),
-        "fut_observed": r(4, M, DO),
-        "window": torch.arange(4),
-    }
 
 
 @pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
@@ -33,7 +17,7 @@ def test_predictions_use_history_and_known_future_only(task_cls, revin):
     test_model_options.py)."""
     torch.manual_seed(0)
     task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, revin=revin).eval()
-    b = batch()
+    b = random_windows(N, M, DY, DK, DO)
     with torch.no_grad():
         pred = task.forecast(b)
         assert pred.shape == (4, M, DY)
