@@ -8,12 +8,12 @@ import re
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed: figures go to files and MLflow
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import PowerNorm  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import default_collate  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.colors import PowerNorm
+from torch.utils.data import default_collate
 
 LAYER_NAME = re.compile(r"(?P<stack>\w+)\.blocks\.(?P<index>\d+)\.(?P<kind>self|cross)_attn")
 

@@ -129,7 +129,7 @@ class MLflowSweep(Callback):
             with tracking.http_retries(*BOOKKEEPING_RETRIES):
                 self.client.set_tag(self.parent_run_id, "error", f"the sweep ended with an error (failed trials: {failed}; see its log)")
                 self._end("FAILED")
-        except Exception as err:  # at exit, with the tracking server perhaps what failed
+        except Exception as err:  # noqa: BLE001 (at exit, with the tracking server perhaps what failed)
             log.warning("could not end the sweep's MLflow run %s: %s", self.parent_run_id, err)
 
     def _end(self, status: str) -> None:
@@ -183,7 +183,7 @@ class MLflowSweep(Callback):
         try:  # bookkeeping: a tracking hiccup here must not stop the sweep (the trial's run has its metrics)
             with tracking.http_retries(*BOOKKEEPING_RETRIES):
                 self._record_trial(config, settings, num, job_return, value, error)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 (bookkeeping, see the try)
             log.warning("could not record trial %s of the sweep in MLflow: %s", num, err)
 
     def _record_trial(self, config, settings, num, job_return: JobReturn, value, error) -> None:

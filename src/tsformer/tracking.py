@@ -150,7 +150,8 @@ def git_commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True, timeout=5
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True, check=True, timeout=5,  # a failed status is not "clean"
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -212,7 +213,7 @@ def end_run(logger: MLFlowLogger, status: str) -> None:
     stop_system_metrics(logger)
     try:
         logger.experiment.set_terminated(logger.run_id, status)
-    except Exception as err:  # the tracking server may be what failed; say so, keep the first error
+    except Exception as err:  # noqa: BLE001 (the tracking server may be what failed; say so, keep the first error)
         log.warning("could not set the MLflow run status: %s", err)
 
 

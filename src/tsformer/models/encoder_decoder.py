@@ -39,7 +39,7 @@ from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
-from tsformer.nn.patching import Patching
+from tsformer.nn.patching import Patching, n_step_positions, step_positions
 from tsformer.nn.positional import build_positional
 
 START_TOKENS = ("last", "go")
@@ -78,15 +78,13 @@ class EncoderDecoder(nn.Module):
     def memory_positions(self, n_hist: int, device=None) -> torch.Tensor:
         """`(L,)` positions of the memory tokens of a history of `n_hist` steps: its steps 0..N-1,
         or with patches the first step of each patch."""
-        if self.patching is not None:
-            return self.patching.positions(n_hist, device=device)
-        return torch.arange(n_hist, device=device)
+        return step_positions(self.patching, n_hist, device=device)
 
     def encode(self, hist: torch.Tensor, hist_valid: torch.Tensor | None = None) -> torch.Tensor:
         """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, L, d_model)`
         (L = N, or the number of patches)."""
         N = hist.shape[1]
-        self.positional.check_length(self.patching.n_positions(N) if self.patching is not None else N)
+        self.positional.check_length(n_step_positions(self.patching, N))
         positions = self.memory_positions(N, device=hist.device)  # (L,)
         if self.patching is not None:
             if hist_valid is not None:
@@ -111,7 +109,7 @@ class EncoderDecoder(nn.Module):
         patches, where the memory has fewer tokens than the history has steps.
         With a cache, the T tokens continue after those already decoded.
         """
-        B, T, Dy = target_prev.shape
+        T = target_prev.shape[1]
         if n_hist is None:
             if self.patching is not None:
                 raise ValueError("decode needs n_hist (the history's length) when the encoder reads patches")

@@ -34,7 +34,7 @@ from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.masks import padding_mask
-from tsformer.nn.patching import Patching
+from tsformer.nn.patching import Patching, n_step_positions, step_positions
 from tsformer.nn.positional import build_positional
 
 HEADS = ("per_step", "classification", "forecast")
@@ -97,17 +97,13 @@ class EncoderOnly(nn.Module):
         then at index 0, position 0, and the other tokens' positions move up by one).
         """
         B, N, _ = x.shape
-        # positions the encoding must know, from the shapes (reading them off the tensor would wait for the device)
-        n_positions = (self.patching.n_positions(N) if self.patching is not None else N) + int(self.use_cls)
-        self.positional.check_length(n_positions)
+        self.positional.check_length(n_step_positions(self.patching, N) + int(self.use_cls))
+        positions = step_positions(self.patching, N, device=x.device)  # (N,) or (L,): first step of each patch
         if self.patching is not None:
             if valid is not None:
                 raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
-            positions = self.patching.positions(N, device=x.device)  # (L,): first step of each patch
-            h = self.input_proj(self.patching(x))  # (B, L, P * d_in) -> (B, L, d_model)
-        else:
-            positions = torch.arange(N, device=x.device)  # (N,)
-            h = self.input_proj(x)  # (B, N, d_model)
+            x = self.patching(x)  # (B, N, d_in) -> (B, L, P * d_in)
+        h = self.input_proj(x)  # (B, N or L, d_model)
         if self.use_cls:
             h = torch.cat([self.cls_token.expand(B, 1, -1), h], dim=1)  # (B, N' + 1, d_model)
             positions = torch.cat([positions.new_zeros(1), positions + 1])  # (N' + 1,)

@@ -68,3 +68,15 @@ class Patching(nn.Module):
 
     def extra_repr(self) -> str:
         return f"patch_len={self.patch_len}, stride={self.stride}"
+
+
+def step_positions(patching: Patching | None, n_steps: int, device=None) -> torch.Tensor:
+    """`(L,)` positions of the tokens of a window of `n_steps` steps: each step's (one token per
+    step, `patching` None), or each patch's first step."""
+    return patching.positions(n_steps, device=device) if patching is not None else torch.arange(n_steps, device=device)
+
+
+def n_step_positions(patching: Patching | None, n_steps: int) -> int:
+    """Positions a positional encoding must know for those tokens (from the shapes alone: reading
+    them off the tensor would wait for the device)."""
+    return patching.n_positions(n_steps) if patching is not None else n_steps
