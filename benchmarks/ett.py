@@ -6,6 +6,7 @@
     python benchmarks/ett.py --quick --models tsformer-enc_only_forecast --lookbacks 96 --horizons 96 \
         --results /tmp/RESULTS.md                             # tiny settings: checks the script runs
     python benchmarks/ett.py --throughput                     # training windows/s and memory, as ratios
+    python benchmarks/ett.py --throughput --throughput-profile 8   # and where each network step's time goes
 
 Protocol (conf/data/ett.yaml, README "ETT benchmark data"): all 7 channels in and out, StandardScaler
 fitted on the train rows [0, 8640) (ETTm x4), every test window (stride 1: 2880 - H + 1 rolling origins
@@ -54,7 +55,9 @@ in its layout. Both with backward and an AdamW step. With them, the aten ops of 
 backward that do work (views excluded), the measure a launch-bound GPU step follows. Memory: on a GPU
 the peak of `torch.cuda.max_memory_allocated`, on the CPU the growth of the subprocess's peak resident
 set size (ru_maxrss) from before the first training step to after the last (activations, gradients
-and optimizer state; allocator caching included: a coarse figure).
+and optimizer state; allocator caching included: a coarse figure). `--throughput-profile N` adds,
+per model, the N aten ops that take the most time in a "network" step (torch.profiler's self time,
+ms per step): where a ratio comes from.
 
 RESULTS.md (`--results`, default benchmarks/RESULTS.md) is written by every non-quick invocation
 from what that invocation measured, beside the published PatchTST/64 rows; nothing measured is
@@ -83,7 +86,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
-from tsformer.data.ett import STEPS_PER_HOUR  # noqa: E402
+from tsformer.data.ett import STEPS_PER_HOUR
 
 EXPERIMENT = "ett-benchmark"
 BATCH = 32  # the literature's batch (conf/experiment/ett.yaml)
@@ -254,21 +257,21 @@ def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: in
     from neuralforecast.losses.pytorch import MSE
     from neuralforecast.models import PatchTST, VanillaTransformer, iTransformer
 
-    common = dict(
-        h=H,
-        input_size=L,
-        loss=MSE(),
-        max_steps=steps,
-        val_check_steps=min(per_epoch, steps),
-        early_stop_patience_steps=patience if patience > 0 and steps > per_epoch else -1,
-        scaler_type="identity",  # the inputs are already scaled with the train-fitted StandardScaler
-        random_seed=seed,
-        inference_windows_batch_size=1024,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        accelerator="auto",  # the GPU when there is one, as our rows (trainer.accelerator=auto)
-    )
+    common = {
+        "h": H,
+        "input_size": L,
+        "loss": MSE(),
+        "max_steps": steps,
+        "val_check_steps": min(per_epoch, steps),
+        "early_stop_patience_steps": patience if patience > 0 and steps > per_epoch else -1,
+        "scaler_type": "identity",  # the inputs are already scaled with the train-fitted StandardScaler
+        "random_seed": seed,
+        "inference_windows_batch_size": 1024,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": False,
+        "accelerator": "auto",  # the GPU when there is one, as our rows (trainer.accelerator=auto)
+    }
     small = quick
     if name == "nf-PatchTST":  # PatchTST/64 sizes, as our preset
         return PatchTST(
@@ -339,7 +342,7 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     start = time.perf_counter()
     cv = nf.cross_validation(df=df, n_windows=None, val_size=2880 * k, test_size=2880 * k, step_size=1, refit=False)
     seconds = time.perf_counter() - start  # fit and forecast of every origin (the peers' fit alone is not exposed)
-    pred_col = [c for c in cv.columns if c not in ("unique_id", "ds", "cutoff", "y")][0]
+    pred_col = next(c for c in cv.columns if c not in ("unique_id", "ds", "cutoff", "y"))
 
     # the same origins as our test windows, each with H steps for each of the 7 channels
     ours = np.sort(dm.window_info("test").origin_time.to_numpy().astype("datetime64[ns]"))
@@ -437,12 +440,12 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
         "",
         markdown(measured + published_rows(sorted({g[1] for g in grid} | {r['dataset'] for r in measured}), sorted({g[3] for g in grid} | {r['H'] for r in measured})), COLUMNS),
         "",
-        "Per measured row: evaluated test windows (and the protocol's count), optimizer steps, the "
+        ("Per measured row: evaluated test windows (and the protocol's count), optimizer steps, the "
         "persistence baseline's MSE computed from our windows and from the peer's own output (equal: "
         "same windows, same scaling), the row's MSE over only the first floor(W / 128) x 128 test windows "
         "(`mse_drop_last_128`: what the published figures' code scores, its test loader dropping the last "
         "partial batch of 128; not our result, a measure of that protocol difference), and the MLflow run "
-        "(./mlflow.db, experiment `ett-benchmark`).",
+        "(./mlflow.db, experiment `ett-benchmark`)."),
         "",
         markdown(measured, DETAIL_COLUMNS),
         "",
@@ -480,6 +483,27 @@ def count_ops(fn) -> int:
     return n
 
 
+def op_times(step, n_top: int, cuda: bool, n_steps: int = 3) -> tuple[list[list], float]:
+    """Where a training step's time goes: the `n_top` aten ops with the most self time (an op's own,
+    not its callees'), milliseconds per step over `n_steps` profiled steps, as `[[op, ms], ...]`, and
+    the self time of everything profiled, ms per step: CPU time on the CPU, the kernels' device time
+    on a GPU."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(n_steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # microseconds
+    events = prof.key_averages()
+    ops = sorted((e for e in events if e.key.startswith("aten::")), key=time_of, reverse=True)
+    top = [[e.key.removeprefix("aten::"), round(time_of(e) / 1e3 / n_steps, 1)] for e in ops[:n_top]]
+    return top, round(sum(time_of(e) for e in events) / 1e3 / n_steps, 1)
+
+
 def nf_training_batch(dm):
     """neuralforecast's own training batch for ETTh1's 7 channels (7 univariate series, the scaled
     values, as `run_peer` gives them): a model's `training_step` cuts the windows from it and samples
@@ -490,7 +514,7 @@ def nf_training_batch(dm):
     return next(iter(TimeSeriesDataModule(dataset=dataset, batch_size=7).train_dataloader()))
 
 
-def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: str) -> dict:
+def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: str, profile_ops: int = 0) -> dict:
     """One model's training steps/s on one fixed batch of 32 windows x 7 channels (run in a subprocess).
 
     mode "step": each library's own training step on its own batch: ours `training_step` on a batch of
@@ -498,7 +522,8 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
     peer's `training_step` on its DataLoader's batch (the 7 whole series: it cuts and samples 32 x 7
     windows, scales, checks the loss); "network": the network and an MSE only, on a batch already in
     its layout (32 x 7 one-channel windows; ours already through RevIN and the channel split).
-    Both then backward and one AdamW step."""
+    Both then backward and one AdamW step. profile_ops > 0: also the ops that take the most time
+    (`op_times`), after the timed steps."""
     import warnings
 
     import torch
@@ -508,7 +533,7 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
     torch.manual_seed(0)
     dm = datamodule("ETTh1", L, H)
     batch = next(iter(dm.train_dataloader()))
-    sizes = dict(d_target=7, d_known=0, d_observed=0)
+    sizes = {"d_target": 7, "d_known": 0, "d_observed": 0}
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
 
@@ -577,6 +602,7 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
     seconds = time.perf_counter() - start
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak_mem_mb = torch.cuda.max_memory_allocated() / 2**20 if cuda else (rss1 - rss0) / 1024
+    top_ops, profiled_ms = op_times(step, profile_ops, cuda) if profile_ops else ([], None)
     return {
         "model": name,
         "mode": mode,
@@ -584,6 +610,8 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
         "channel_windows_per_s": steps * BATCH * 7 / seconds,
         "ops_per_step": count_ops(lambda: (opt.zero_grad(), loss_fn().backward())),  # no optimizer step: alike for all
         "peak_mem_mb": peak_mem_mb,
+        "top_ops_ms_per_step": top_ops,
+        "profiled_ms_per_step": profiled_ms,
         "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
     }
 
@@ -598,7 +626,8 @@ def throughput(args) -> None:
                 continue
             cmd = [sys.executable, __file__, "--_throughput-child", name, "--_throughput-mode", mode,
                    "--throughput-window", str(L), str(H), "--throughput-steps", str(args.throughput_steps),
-                   "--throughput-d-model", str(args.throughput_d_model)]
+                   "--throughput-d-model", str(args.throughput_d_model),
+                   "--throughput-profile", str(args.throughput_profile if mode == "network" else 0)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows[name, mode] = json.loads(out.stdout.strip().splitlines()[-1])
     table = []
@@ -627,6 +656,15 @@ def throughput(args) -> None:
     cols = ["model", "params", "step_windows_per_s", "step_vs_nf", "network_windows_per_s", "network_vs_nf",
             "step_ops", "step_ops_vs_nf", "network_ops", "network_ops_vs_nf", "peak_mem_mb", "mem_vs_nf"]
     print(markdown([{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in table], cols))
+    if args.throughput_profile:
+        print(f"\nnetwork: the {args.throughput_profile} aten ops with the most self time, ms per step (torch.profiler, "
+              "3 steps after the timed ones; matmuls of linear layers: mm/addmm/bmm, and convolution for "
+              "VanillaTransformer's 1x1-convolution FFN):\n")
+        for name in args.throughput_models:
+            if (name, "network") in rows:
+                r = rows[name, "network"]
+                ops = ", ".join(f"{op} {ms:g}" for op, ms in r["top_ops_ms_per_step"])
+                print(f"- {name} ({r['profiled_ms_per_step']:g} ms profiled a step): {ops}")
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -654,13 +692,17 @@ def main() -> None:
     parser.add_argument("--throughput-window", type=int, nargs=2, default=[96, 96], metavar=("L", "H"))
     parser.add_argument("--throughput-steps", type=int, default=10)
     parser.add_argument("--throughput-d-model", type=int, default=64)
+    parser.add_argument("--throughput-profile", type=int, default=0, metavar="N",
+                        help="with --throughput: also print, per model, the N aten ops taking the most time in "
+                        "a network step (torch.profiler)")
     parser.add_argument("--_throughput-child", dest="child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_throughput-mode", dest="child_mode", default="step", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         L, H = args.throughput_window
-        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model, args.child_mode)))
+        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model, args.child_mode,
+                                          args.throughput_profile)))
         return
     if args.throughput:
         args.throughput_models = args.throughput_models.split(",")

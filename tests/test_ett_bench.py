@@ -66,7 +66,7 @@ def test_quick_run_writes_results_rows(tmp_path):
         "--datasets", "ETTh1", "--lookbacks", "96", "--horizons", "96", "--results", str(results),
         "--override", "trainer.limit_train_batches=2",  # fewer steps than the --quick budget of 3
     ]
-    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "mlflow.db").is_file()  # every run is logged, where the script was run
 
@@ -103,11 +103,28 @@ def test_count_ops_counts_work_not_views():
     assert bench.count_ops(lambda: (x @ w).sum().backward()) > 2  # the backward's ops count too
 
 
+def test_op_times_ranks_the_ops_a_step_spends_its_time_in():
+    import torch
+
+    bench = import_bench()
+    big, small = torch.randn(400, 400), torch.randn(3)
+
+    def step():
+        (big @ big).sum()  # a 400 x 400 x 400 product: far more work than the rest
+        small.relu()
+
+    ops, total_ms = bench.op_times(step, n_top=2, cuda=False)
+    assert ops[0][0] == "mm" and len(ops) == 2
+    assert total_ms >= ops[0][1] > ops[1][1] >= 0  # ms per step, largest first, within the whole
+
+
 @needs_data
 @pytest.mark.parametrize("mode", ["step", "network"])
 def test_throughput_child_times_our_training_step(mode, monkeypatch):
     monkeypatch.chdir(REPO)  # the ETT configs read ../shared relative to the project
     bench = import_bench()
-    row = bench.throughput_child("tsformer-enc_dec", 96, 96, steps=1, d_model=16, mode=mode)
+    row = bench.throughput_child("tsformer-enc_dec", 96, 96, steps=1, d_model=16, mode=mode, profile_ops=4)
     assert row["model"] == "tsformer-enc_dec" and row["mode"] == mode
     assert row["channel_windows_per_s"] > 0 and row["ops_per_step"] > 50
+    assert len(row["top_ops_ms_per_step"]) == 4
+    assert row["profiled_ms_per_step"] >= sum(ms for _, ms in row["top_ops_ms_per_step"]) > 0
