@@ -75,6 +75,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         if cfg.norm not in NORMS:
             raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
+        cfg.check_dropouts()
         self.pre_norm = cfg.norm == "pre"
         self.residual_attention = cfg.residual_attention
 
@@ -90,12 +91,13 @@ class TransformerBlock(nn.Module):
         self.norm_cross = make_norm(cfg) if cross_attention else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
         self.norm_ffn = make_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)  # on the FFN's output
+        self.dropout_attn = nn.Dropout(cfg.attention_residual_dropout)  # on the attention sublayers' outputs
 
-    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer, dropout: nn.Module) -> torch.Tensor:
         if self.pre_norm:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + dropout(sublayer(norm(x)))
+        return norm(x + dropout(sublayer(x)))
 
     def forward(
         self,
@@ -124,7 +126,7 @@ class TransformerBlock(nn.Module):
                 return out
             return self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
 
-        x = self._residual(x, self.norm_self, self_attention)
+        x = self._residual(x, self.norm_self, self_attention, self.dropout_attn)
         if self.cross_attn is not None:
             x = self._residual(
                 x,
@@ -137,8 +139,9 @@ class TransformerBlock(nn.Module):
                     context_positions=memory_positions,
                     cache=cross_cache,
                 ),
+                self.dropout_attn,
             )
-        x = self._residual(x, self.norm_ffn, self.ffn)
+        x = self._residual(x, self.norm_ffn, self.ffn, self.dropout)
         return (x, scores) if self.residual_attention else x
 
 
