@@ -224,3 +224,51 @@ def test_attention_dropout_sets_the_weights_dropout_only(attention_dropout, expe
         x = torch.randn(2, 5, 16)
         a = attentions[0]
         assert torch.equal(a(x), a(x))
+
+
+class CountingDropout(nn.Module):
+    """Stands in for a block's dropout: counts the tensors passed through it, returns them as they are."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p, self.calls = p, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("attention_output_dropout, expected", [(None, 0.3), (0.51, 0.51)])
+def test_attention_output_dropout_is_the_attention_sublayers_residual_dropout(cross, attention_output_dropout, expected):
+    """`attention_output_dropout` (None: `dropout`) drops the output of every attention sublayer (self,
+    and cross in a decoder block) before the residual add; the FFN's output keeps `dropout`."""
+    from tsformer.nn.blocks import TransformerBlock
+    from tsformer.nn.config import TransformerConfig
+
+    cfg = TransformerConfig(d_model=16, n_heads=2, dropout=0.3, attention_output_dropout=attention_output_dropout)
+    block = TransformerBlock(cfg, cross_attention=cross)
+    assert block.dropout_attn.p == expected and block.dropout.p == 0.3
+    block.dropout_attn, block.dropout = CountingDropout(expected), CountingDropout(0.3)
+    x = torch.randn(2, 5, 16)
+    block(x, memory=torch.randn(2, 3, 16) if cross else None)
+    assert (block.dropout_attn.calls, block.dropout.calls) == (2 if cross else 1, 1)
+
+
+def test_attention_output_dropout_acts_in_training_only():
+    from tsformer.nn.blocks import TransformerBlock
+    from tsformer.nn.config import TransformerConfig
+
+    block = TransformerBlock(TransformerConfig(d_model=16, n_heads=2, dropout=0.0, attention_output_dropout=0.5))
+    x = torch.randn(2, 5, 16)
+    assert not torch.equal(block.train()(x), block(x))  # a fresh draw each call
+    assert torch.equal(block.eval()(x), block(x))
+
+
+@pytest.mark.parametrize("name", ["dropout", "attention_dropout", "attention_output_dropout"])
+@pytest.mark.parametrize("p", [-0.1, 1.0])
+def test_dropout_settings_outside_0_1_are_refused_by_name(name, p):
+    from tsformer.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+
+    with pytest.raises(ValueError, match=rf"model\.net\.{name}={p}: a dropout probability must be in \[0, 1\)"):
+        EncoderOnly(EncoderOnlyConfig(d_model=16, n_heads=2, **{name: p}))

@@ -57,6 +57,7 @@ class DecoderOnlyConfig(TransformerConfig):
     patch_stride: int | None = None  # only None or = patch_len: generated patches cannot overlap
 
     def __post_init__(self):
+        super().__post_init__()
         if self.patch_len is not None and self.patch_len < 1:
             raise ValueError(f"patch_len must be >= 1, got {self.patch_len}")
         if self.patch_stride is not None and self.patch_stride != self.patch_len:

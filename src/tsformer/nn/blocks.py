@@ -75,7 +75,6 @@ class TransformerBlock(nn.Module):
         super().__init__()
         if cfg.norm not in NORMS:
             raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
-        cfg.check_dropouts()
         self.pre_norm = cfg.norm == "pre"
         self.residual_attention = cfg.residual_attention
 

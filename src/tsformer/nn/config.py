@@ -44,9 +44,8 @@ class TransformerConfig:
     def attention_residual_dropout(self) -> float:
         return self.dropout if self.attention_output_dropout is None else self.attention_output_dropout
 
-    def check_dropouts(self) -> None:
-        """Refuse a dropout probability outside [0, 1), naming the setting (nn.Dropout's own error
-        names none, and p = 1 would zero every value)."""
+    def __post_init__(self):
+        # a dropout probability outside [0, 1): nn.Dropout's own error names no setting, and p = 1 zeroes all
         for name in ("dropout", "attention_dropout", "attention_output_dropout"):
             p = getattr(self, name)
             if p is not None and not 0.0 <= p < 1.0:
