@@ -39,7 +39,7 @@ from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
-from tsformer.nn.patching import Patching, n_step_positions, step_positions
+from tsformer.nn.patching import Patching, n_step_positions, step_positions, token_features
 from tsformer.nn.positional import build_positional
 
 START_TOKENS = ("last", "go")
@@ -64,8 +64,7 @@ class EncoderDecoder(nn.Module):
             raise ValueError(f"unknown start_token {cfg.start_token!r}; choose one of {START_TOKENS}")
         self.cfg = cfg
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
-        d_enc_token = cfg.d_enc_in * cfg.patch_len if self.patching is not None else cfg.d_enc_in
-        self.enc_proj = InputProjection(d_enc_token, cfg.d_model)
+        self.enc_proj = InputProjection(token_features(self.patching, cfg.d_enc_in), cfg.d_model)
         self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)

@@ -34,7 +34,7 @@ from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.masks import padding_mask
-from tsformer.nn.patching import Patching, n_step_positions, step_positions
+from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
 from tsformer.nn.positional import build_positional
 
 HEADS = ("per_step", "classification", "forecast")
@@ -67,8 +67,7 @@ class EncoderOnly(nn.Module):
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
         if self.patching is not None and cfg.head == "per_step":
             raise ValueError("the per_step head gives one output per step: it takes no patch tokens (patch_len)")
-        d_token = cfg.d_in * cfg.patch_len if self.patching is not None else cfg.d_in  # features per token
-        self.input_proj = InputProjection(d_token, cfg.d_model)
+        self.input_proj = InputProjection(token_features(self.patching, cfg.d_in), cfg.d_model)
         self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
@@ -84,11 +83,7 @@ class EncoderOnly(nn.Module):
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         else:
-            self.head = nn.Linear(self.n_tokens(cfg.context_len) * cfg.d_model, cfg.horizon * d_out)
-
-    def n_tokens(self, n_steps: int) -> int:
-        """Tokens of a window of `n_steps` steps (without the [CLS] token)."""
-        return self.patching.count(n_steps) if self.patching is not None else n_steps
+            self.head = nn.Linear(n_step_tokens(self.patching, cfg.context_len) * cfg.d_model, cfg.horizon * d_out)
 
     def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x: `(B, N, d_in)`, valid: `(B, N)` bool, True on real steps -> `(B, N', d_model)`.

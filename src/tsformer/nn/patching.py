@@ -70,6 +70,16 @@ class Patching(nn.Module):
         return f"patch_len={self.patch_len}, stride={self.stride}"
 
 
+def n_step_tokens(patching: Patching | None, n_steps: int) -> int:
+    """Tokens of a window of `n_steps` steps: one per step (`patching` None), or one per patch."""
+    return patching.count(n_steps) if patching is not None else n_steps
+
+
+def token_features(patching: Patching | None, n_features: int) -> int:
+    """Numbers a token carries, from `n_features` per step: P * n_features for a patch of P steps."""
+    return n_features * patching.patch_len if patching is not None else n_features
+
+
 def step_positions(patching: Patching | None, n_steps: int, device=None) -> torch.Tensor:
     """`(L,)` positions of the tokens of a window of `n_steps` steps: each step's (one token per
     step, `patching` None), or each patch's first step."""
