@@ -166,6 +166,21 @@ def test_eval_loaders_yield_every_window_exactly_once_in_order(split):
     assert dm.n_windows(split) % 7 != 0
 
 
+def test_test_loader_goes_forward_in_time_over_all_series_together():
+    """Two series over the same hours: the test windows come by origin time, the series interleaved
+    (the rolling spread calibration pools each series' truths as they come in), each window once."""
+    df = simulate_plant(n_series=2, n_steps=400, seed=0)
+    dm = make_dm(df, target_cols=["dynamic_temperature"], known_cols=["supply_voltage"], observed_cols=[],
+                 series_col="series_id", val_start=None, test_start=None)
+    info = dm.window_info("test")
+    assert info["series_id"].nunique() == 2 and info["series_id"].is_monotonic_increasing  # dataset: by series
+    seen = torch.cat([batch["window"] for batch in dm.test_dataloader()]).numpy()
+    assert sorted(seen) == list(range(len(info)))
+    origins = info["origin_time"].to_numpy()
+    np.testing.assert_array_equal(origins[seen], np.sort(origins))
+    assert info["series_id"].to_numpy()[seen][:2].tolist() == sorted(info["series_id"].unique())
+
+
 def test_train_loader_shuffles_reproducibly_and_covers_all_windows():
     dm = make_dm(one_series(), batch_size=16)
     first = torch.cat([b["window"] for b in dm.train_dataloader()]).numpy()

@@ -131,12 +131,14 @@ def test_epoch_shuffle_shards_the_one_process_order():
         assert sorted(together) == sorted(order[step * b : (step + 1) * b])
 
 
-def test_eval_shard_evaluates_every_window_once():
+def test_eval_shard_evaluates_every_window_once_in_the_given_order():
     windows = list(range(11))
-    shards = [EvalShard(windows, num_replicas=3, rank=r) for r in range(3)]
+    order = np.random.default_rng(0).permutation(11)
+    shards = [EvalShard(windows, order, num_replicas=3, rank=r) for r in range(3)]
     parts = [list(s) for s in shards]
     assert [len(s) for s in shards] == [len(p) for p in parts] == [4, 4, 3]
     assert sorted(w for part in parts for w in part) == windows
+    assert parts[1] == order[1::3].tolist()
 
 
 def test_testing_on_several_processes_is_refused(tmp_path):

@@ -16,7 +16,7 @@ Data flow in `setup`:
 
 The train loader shuffles in an order drawn from (seed, epoch) (`EpochShuffle`: a resumed run sees the
 same orders). Validation and test loaders neither shuffle nor drop the last batch: every window is
-evaluated once. Under DDP (several processes) each process takes its share of that order
+evaluated once, in order of origin time with all series together (`eval_order`). Under DDP (several processes) each process takes its share of that order
 (`EpochShuffle`, `EvalShard`): a step of P processes with batch b / P sees the windows that one
 process with batch b sees, and each val/test window is evaluated by exactly one process.
 """
@@ -83,7 +83,8 @@ class EpochShuffle(DistributedSampler):
 
 
 class EvalShard(DistributedSampler):
-    """Validation/test windows under DDP: process `rank` takes windows rank, rank + P, ... in order.
+    """Validation/test windows in a given order (`order`: window indices); under DDP process `rank`
+    takes the windows at places rank, rank + P, ... of that order.
 
     Unlike Lightning's DistributedSampler (which repeats windows so that every process has as many),
     each window is evaluated by exactly one process; the metrics (torchmetrics) are summed over the
@@ -92,13 +93,14 @@ class EvalShard(DistributedSampler):
     end of the epoch.
     """
 
-    def __init__(self, dataset, num_replicas: int, rank: int):
+    def __init__(self, dataset, order: np.ndarray, num_replicas: int = 1, rank: int = 0):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.order = np.asarray(order)[rank::num_replicas]
         self.total_size = len(dataset)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.num_samples = len(self.order)
 
     def __iter__(self):
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+        return iter(self.order.tolist())
 
 
 def make_scaler(kind: str):
@@ -431,7 +433,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if shuffle:
             sampler = EpochShuffle(dataset, self.seed, replicas, rank)
         else:
-            sampler = EvalShard(dataset, replicas, rank) if replicas > 1 else None
+            sampler = EvalShard(dataset, self.eval_order(split), replicas, rank)
         return DataLoader(
             dataset,
             batch_size=self.batch_size if split == "train" else self.eval_batch_size,
@@ -442,6 +444,17 @@ class TimeSeriesDataModule(L.LightningDataModule):
             # the loader's own generator (worker seeds), not the global RNG that dropout draws from
             generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
         )
+
+    def eval_order(self, split: str) -> np.ndarray:
+        """`(W,)` window indices by origin time, all series together (by series within one time).
+
+        Evaluation goes forward in time as a forecaster in operation does: the test's rolling spread
+        calibration (`tasks/probabilistic.py`) pools each series' truths as they come in, so a window
+        of one series is calibrated with the other series' truths known by its origin too. One series:
+        the dataset's own order. Outputs are put back in dataset order (`window`) wherever they are kept.
+        """
+        dataset = self.datasets[split]
+        return np.argsort(self._times[dataset.origin_rows()], kind="stable")
 
     def _processes(self) -> tuple[int, int]:
         """(processes, this one's rank) of the Trainer this module is attached to; (1, 0) without one."""

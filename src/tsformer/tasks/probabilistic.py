@@ -29,8 +29,9 @@ each path (`SampleForecast.with_spread_scale`), where c <= 1 the paths are resca
 Which earlier windows (`model.head.calibration_window`):
 - a duration, e.g. `7D` (rolling, the default): for a forecast made at origin t, the windows whose
   truth at that step was known at t and at most that long before it: the validation windows, then
-  the test windows as their truth comes in (the loader's order: series by series), as a forecaster
-  in operation recalibrates on its latest errors. Never a truth measured after t.
+  the test windows as their truth comes in (the test loader goes forward in time, all series
+  together: `TimeSeriesDataModule.eval_order`), as a forecaster in operation recalibrates on its
+  latest errors. Never a truth measured after t.
 - `null`: the validation windows only, one factor per step for the whole test.
 The factors of the latest calibration are stored with the weights (the task's `spread_scale`
 buffer) and applied to every later forecast (`Forecaster.predict`).
