@@ -16,9 +16,10 @@ Data flow in `setup`:
 
 The train loader shuffles in an order drawn from (seed, epoch) (`EpochShuffle`: a resumed run sees the
 same orders). Validation and test loaders neither shuffle nor drop the last batch: every window is
-evaluated once, in order of origin time with all series together (`eval_order`). Under DDP (several processes) each process takes its share of that order
-(`EpochShuffle`, `EvalShard`): a step of P processes with batch b / P sees the windows that one
-process with batch b sees, and each val/test window is evaluated by exactly one process.
+evaluated once, in order of origin time with all series together (`eval_order`). Under DDP (several
+processes) each process takes its share of that order (`EpochShuffle`, `EvalShard`): a step of P
+processes with batch b / P sees the windows that one process with batch b sees, and each val/test
+window is evaluated by exactly one process.
 """
 
 from __future__ import annotations
