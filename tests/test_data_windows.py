@@ -173,7 +173,8 @@ def test_test_loader_goes_forward_in_time_over_all_series_together():
     dm = make_dm(df, target_cols=["dynamic_temperature"], known_cols=["supply_voltage"], observed_cols=[],
                  series_col="series_id", val_start=None, test_start=None)
     info = dm.window_info("test")
-    assert info["series_id"].nunique() == 2 and info["series_id"].is_monotonic_increasing  # dataset: by series
+    assert info["series_id"].nunique() == 2
+    assert info["series_id"].is_monotonic_increasing  # the dataset's own order: series by series
     seen = torch.cat([batch["window"] for batch in dm.test_dataloader()]).numpy()
     assert sorted(seen) == list(range(len(info)))
     origins = info["origin_time"].to_numpy()

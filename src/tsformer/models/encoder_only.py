@@ -83,7 +83,8 @@ class EncoderOnly(nn.Module):
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         else:
-            self.head = nn.Linear(n_step_tokens(self.patching, cfg.context_len) * cfg.d_model, cfg.horizon * d_out)
+            n_tokens = n_step_tokens(self.patching, cfg.context_len)
+            self.head = nn.Linear(n_tokens * cfg.d_model, cfg.horizon * d_out)  # flattened tokens -> M steps
 
     def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x: `(B, N, d_in)`, valid: `(B, N)` bool, True on real steps -> `(B, N', d_model)`.
