@@ -21,10 +21,10 @@ import argparse
 import functools
 import itertools
 import platform
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import seconds
 
 from tsformer.nn.attention import scaled_dot_product_attention
 
@@ -67,13 +67,7 @@ def main() -> None:
             torch.testing.assert_close(query_blocks(q, k, v, n), want, rtol=1e-4, atol=1e-5)
 
     def timed(fn) -> float:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn().backward(grad)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return seconds(lambda: fn().backward(grad), args.device)
 
     for fn in variants.values():
         timed(fn)  # warm-up
