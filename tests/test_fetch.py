@@ -194,3 +194,19 @@ def test_console_script_is_declared():
     # (no tomllib: the project supports Python 3.10)
     scripts = (REPO / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
     assert 'tsformer-data = "tsformer.data.fetch:cli"' in scripts
+
+
+def test_fetch_starts_without_torch_or_lightning():
+    # the download command imports tsformer.data, whose DataModule would pull in torch and Lightning (seconds)
+    code = "import sys, tsformer.data.fetch; print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_name_of_the_data_package_loads():
+    import tsformer.data
+
+    for name in tsformer.data.__all__:
+        assert getattr(tsformer.data, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tsformer.data.nope  # noqa: B018

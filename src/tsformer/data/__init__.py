@@ -1,32 +1,45 @@
-"""Data layer: column roles and checks, simulated data sets, window datasets and the DataModule."""
+"""Data layer: column roles and checks, simulated data sets, window datasets and the DataModule.
 
-from tsformer.data.calendar import calendar_feature_names, calendar_features
-from tsformer.data.datamodule import TimeSeriesDataModule, make_scaler
-from tsformer.data.forecast_noise import ForecastNoise
-from tsformer.data.gas_turbine import load_gas_turbine
-from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, resolve_freq
-from tsformer.data.simulators import power_curve, simulate_plant, simulate_sensor, simulate_wind
-from tsformer.data.sources import load_table
-from tsformer.data.wind_scada import load_wind_scada
-from tsformer.data.windows import WindowDataset, window_starts
+The names below are loaded on first use (PEP 562), so that `tsformer-data fetch` and the other
+light modules of the package start without importing torch and Lightning through the DataModule.
+"""
 
-__all__ = [
-    "DataValidationError",
-    "ForecastNoise",
-    "SeriesSchema",
-    "TimeSeriesDataModule",
-    "WindowDataset",
-    "calendar_feature_names",
-    "calendar_features",
-    "find_segments",
-    "load_gas_turbine",
-    "load_table",
-    "load_wind_scada",
-    "make_scaler",
-    "power_curve",
-    "resolve_freq",
-    "simulate_plant",
-    "simulate_sensor",
-    "simulate_wind",
-    "window_starts",
-]
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {  # name -> its module in this package
+    "calendar_feature_names": "calendar",
+    "calendar_features": "calendar",
+    "TimeSeriesDataModule": "datamodule",
+    "make_scaler": "datamodule",
+    "ForecastNoise": "forecast_noise",
+    "load_gas_turbine": "gas_turbine",
+    "DataValidationError": "schema",
+    "SeriesSchema": "schema",
+    "find_segments": "schema",
+    "resolve_freq": "schema",
+    "power_curve": "simulators",
+    "simulate_plant": "simulators",
+    "simulate_sensor": "simulators",
+    "simulate_wind": "simulators",
+    "load_table": "sources",
+    "load_wind_scada": "wind_scada",
+    "WindowDataset": "windows",
+    "window_starts": "windows",
+}
+
+__all__ = list(_WHERE)  # every name above, loaded on use
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
