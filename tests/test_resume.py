@@ -32,7 +32,12 @@ def train_py(cwd, overrides):
     path = [str(REPO / "src"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]  # tests/: StopOnce
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     cmd = [sys.executable, str(REPO / "train.py"), *overrides]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+    def ctrl_c_as_at_a_terminal():  # a shell's background job (CI) starts with SIGINT ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # then Python turns it into KeyboardInterrupt
+
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,
+                          preexec_fn=ctrl_c_as_at_a_terminal)
 
 
 def stop_at_epoch_1(sig, folder) -> list[str]:
@@ -128,6 +133,18 @@ def test_sigterm_marks_the_run_killed_and_it_resumes(in_tmp, reference):
     assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 0's, whole
 
     result = run(compose_config([f"resume={in_tmp / 'out'}"], in_tmp / "resume_log"))  # by output folder
+    assert result.run_id == stopped.info.run_id
+    assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
+
+
+def test_ctrl_c_marks_the_run_killed_and_it_resumes(in_tmp, reference):
+    proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGINT, in_tmp))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # Lightning's exit after a KeyboardInterrupt
+    assert "KeyboardInterrupt" in proc.stderr
+    (stopped,) = all_runs(client_in(in_tmp))
+    assert stopped.info.status == "KILLED"  # stopped by its user, as MLflow's start_run marks it
+
+    result = run(compose_config([f"resume={stopped.info.run_id}"], in_tmp / "resume_log"))
     assert result.run_id == stopped.info.run_id
     assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
 

@@ -208,8 +208,13 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
-def stopped_by_sigterm(err: BaseException) -> bool:
-    return isinstance(err, (Terminated, SIGTERMException))
+def stopped_on_request(err: BaseException) -> bool:
+    """True when the run was stopped, not broken: SIGTERM, or Ctrl+C (KILLED in MLflow, as MLflow's
+    own `start_run` marks a KeyboardInterrupt). Lightning turns a Ctrl+C in fit or test into
+    `sys.exit(1)` raised while it handles the KeyboardInterrupt, which is then the exit's context."""
+    if isinstance(err, (Terminated, SIGTERMException, KeyboardInterrupt)):
+        return True
+    return isinstance(err, SystemExit) and isinstance(err.__context__, KeyboardInterrupt)
 
 
 @contextmanager

@@ -209,7 +209,8 @@ def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
 
 
 def end_run(logger: MLFlowLogger, status: str) -> None:
-    """Never leave a run RUNNING: FINISHED on success, KILLED when stopped by SIGTERM, FAILED on any error."""
+    """Never leave a run RUNNING: FINISHED on success, KILLED when stopped (SIGTERM, Ctrl+C), FAILED on any
+    error."""
     stop_system_metrics(logger)
     try:
         logger.experiment.set_terminated(logger.run_id, status)

@@ -7,8 +7,8 @@ them together in order:
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
    scalers: what `predict.py` needs) is written beside it; figures, scalers, the checkpoint, the CSV
-   and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM, or
-   FAILED on any error.
+   and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM or Ctrl+C,
+   or FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
 With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
 process alone (`_one_process_for_test`).
@@ -207,7 +207,7 @@ def run(cfg: DictConfig) -> RunResult | None:
                 tracking.end_run(mlflow_logger, "FINISHED")
         except BaseException as err:
             if mlflow_logger is not None:
-                tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_by_sigterm(err) else "FAILED")
+                tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_on_request(err) else "FAILED")
             raise
 
     _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
