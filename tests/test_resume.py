@@ -1,5 +1,5 @@
 """Reproducibility and interrupted runs: same seed -> same results; a run killed (SIGKILL), stopped
-(SIGTERM) or broken (NaN loss) ends in a clear MLflow status, and `resume=` continues it into the
+(SIGTERM, Ctrl+C) or broken (NaN loss) ends in a clear MLflow status, and `resume=` continues it into the
 same MLflow run with the test metrics and per-epoch history of a run that never stopped.
 
 The interrupted runs stop themselves (`stop_callback.StopOnce`) at the second batch of epoch 1, after
