@@ -198,7 +198,7 @@ def _refuse_finished(target: str, run_id: str, uri: str | None) -> None:
         )
 
 
-# -- SIGTERM ---------------------------------------------------------------------------------------
+# -- stopping a run: SIGTERM, Ctrl+C ---------------------------------------------------------------
 
 
 class Terminated(SystemExit):
