@@ -198,6 +198,35 @@ def test_loader_cuts_at_end_and_refuses_a_file_off_the_protocols_grid(tmp_path):
     assert len(load_ett(tmp_path, "ETTh2", end=None)) == 14404  # not the benchmark: no check
 
 
+def tiny_ett_file(path: Path, first_value: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    times = pd.date_range("2016-07-01", periods=3, freq="h").strftime("%Y-%m-%d %H:%M:%S")
+    values = {c: first_value + np.arange(3.0) for c in COLUMNS}
+    pd.DataFrame({"date": times, **values}).to_csv(path, index=False)
+
+
+def test_each_file_is_looked_up_in_every_folder(tmp_path):
+    """One file in the first folder does not hide the others in the next."""
+    first, second = tmp_path / "data" / "ETT-small", tmp_path / "shared" / "ETT-small"
+    tiny_ett_file(first / "ETTm2.csv", 10.0)
+    tiny_ett_file(second / "ETTh1.csv", 20.0)
+    tiny_ett_file(second / "ETTm2.csv", 30.0)
+    assert load_ett([first, second], "ETTh1", end=None).OT.iloc[0] == 20.0
+    assert load_ett([first, second], "ETTm2", end=None).OT.iloc[0] == 10.0  # the first folder's copy
+
+
+def test_missing_file_error_lists_each_folder_once_and_every_way_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the working directory is the repository root: one folder, tried once
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as err:
+        load_ett(["data/no-such-ETT-folder", tmp_path / "empty"], "ETTh2")
+    message = str(err.value)
+    assert message.count("no-such-ETT-folder") == 1 and str(tmp_path / "empty") in message
+    assert "ETTh2.csv" in message and "\n" not in message
+    ways = ["tsformer-data fetch ett --files ETTh2", "--base-url", ett.BASE_URL, ett.SOURCE_URL, "by hand"]
+    assert all(way in message for way in ways), message
+
+
 def test_loader_errors_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="tsformer-data fetch ett"):
         load_ett([tmp_path / "a", tmp_path / "b"], "ETTh1")

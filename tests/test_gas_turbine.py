@@ -17,9 +17,9 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.multioutput import MultiOutputRegressor
 from sklearn.neural_network import MLPRegressor
 
-from conftest import TINY
+from conftest import REPO, TINY
 from tsformer.data import find_segments, load_gas_turbine
-from tsformer.data.gas_turbine import COLUMNS
+from tsformer.data.gas_turbine import COLUMNS, URL
 from tsformer.data.schema import fixed_step
 from tsformer.train import _instantiate_group, compose_config, run
 
@@ -66,6 +66,25 @@ def test_no_folder_names_every_folder_tried_and_the_data_set(tmp_path):
 def test_missing_year_file_is_named():
     with pytest.raises(FileNotFoundError, match="gt_2015.csv"):
         load_gas_turbine(DATA, years=[2014, 2015])
+
+
+def test_each_year_file_is_looked_up_in_every_folder(tmp_path):
+    """One year file in the first folder does not hide the other years in the next."""
+    first = tmp_path / "data" / "gas_turbine"
+    first.mkdir(parents=True)
+    pd.read_csv(DATA / "gt_2011.csv").head(5).to_csv(first / "gt_2011.csv", index=False)
+    df = load_gas_turbine([first, DATA])
+    counts = df.time.dt.year.value_counts().to_dict()
+    assert counts == {**ROWS_PER_YEAR, 2011: 5}  # 2011 from the first folder, the others from the next
+
+
+def test_missing_year_file_lists_each_folder_once_with_the_url(monkeypatch):
+    monkeypatch.chdir(REPO)  # the working directory is the repository root: one folder, tried once
+    with pytest.raises(FileNotFoundError) as err:
+        load_gas_turbine(["data/no-such-gt-folder", DATA], years=[2014, 2015])
+    message = str(err.value)
+    assert message.count("no-such-gt-folder") == 1 and message.count(str(DATA)) == 1
+    assert "gt_2014.csv, gt_2015.csv" in message and URL in message and "\n" not in message
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from conftest import TINY
 from tsformer.data import ForecastNoise, TimeSeriesDataModule, find_segments, load_wind_scada
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.simulators import power_curve
+from tsformer.data.wind_scada import URL
 from tsformer.tasks.baselines import PowerCurve
 from tsformer.train import compose_config, run
 
@@ -167,7 +168,9 @@ def test_missing_file_names_every_path_tried(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         load_wind_scada([tmp_path / "nowhere" / "T1.csv", "also/not/here.csv"])
     message = str(err.value)
-    assert "nowhere" in message and "also/not/here.csv" in message and "SOURCE.md" in message
+    assert "nowhere" in message and "also/not/here.csv" in message
+    # where users get the file and where to put it, not a note only developers have
+    assert URL in message and "data/wind_turbine_scada/T1.csv" in message and "SOURCE.md" not in message
 
 
 # -- the real file --------------------------------------------------------------------------------------

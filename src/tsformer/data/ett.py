@@ -48,6 +48,7 @@ SHA256 = {
     "ETTm2.csv": "db973ca252c6410a30d0469b13d696cf919648d0f3fd588c60f03fdbdbadd1fd",
 }
 BASE_URL = "https://raw.githubusercontent.com/zhouhaoyi/ETDataset/main/ETT-small/"
+SOURCE_URL = "https://github.com/zhouhaoyi/ETDataset/tree/main/ETT-small"  # the same files, for a browser
 LICENCE_NOTE = (
     "ETT-small is licensed CC BY-ND 4.0 (https://creativecommons.org/licenses/by-nd/4.0/): share only "
     "unmodified copies, never commit the files to this repository. Cite: Zhou et al., \"Informer: Beyond "
@@ -68,7 +69,8 @@ PRESET_HORIZONS = (96, 192, 336, 720)
 
 
 def load_ett(folder, name: str = "ETTh1", end=END) -> pd.DataFrame:
-    """`<name>.csv` from the first existing folder: `time, series_id, HUFL, ..., OT` (series_id = name).
+    """`<name>.csv` from the first folder of `folder` that has it: `time, series_id, HUFL, ..., OT`
+    (series_id = name).
 
     `end` (exclusive; default 2018-02-21 00:00, the standard protocol's end = row 14400 of ETTh,
     57600 of ETTm) cuts the later rows off here, so that they are not in the table at all: not in
@@ -76,18 +78,13 @@ def load_ett(folder, name: str = "ETTh1", end=END) -> pd.DataFrame:
     """
     if name not in DATASETS:
         raise ValueError(f"unknown ETT data set {name!r}; choose one of {', '.join(DATASETS)}")
-    root = find_first(
+    path = find_first(
         folder,
-        want_dir=True,
-        hint=f"ETT data not found: run `tsformer-data fetch ett` (downloads {name}.csv and the other ETT "
-        "files into data/ETT-small) or put the files in one of these folders (or set data.source.folder)",
+        file_name=f"{name}.csv",
+        hint=f"download it with `tsformer-data fetch ett --files {name}` (into data/ETT-small, from "
+        f"{BASE_URL}; --base-url URL takes another mirror), or copy the unmodified {name}.csv from "
+        f"{SOURCE_URL} into data/ETT-small by hand (or set data.source.folder)",
     )
-    path = root / f"{name}.csv"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found (folder {root} is there but lacks {name}.csv): "
-            f"run `tsformer-data fetch ett --files {name} --dest {root}`"
-        )
     table = pd.read_csv(path)
     missing = [c for c in ["date", *COLUMNS] if c not in table.columns]
     if missing:

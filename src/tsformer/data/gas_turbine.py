@@ -1,8 +1,9 @@
 """The UCI gas turbine CO and NOx emission data (Kaya, Tüfekci, Uzun 2019), read from its year files.
 
-The data set is not in the repository (and must never be copied into it): the loader reads
-`gt_<year>.csv` from a folder named in the config. The files hold one row per hour in time order,
-but no timestamp, so `load_gas_turbine` builds synthetic ones (see its docstring).
+The data set is not in the repository (and must never be copied into it): the loader reads each
+`gt_<year>.csv` from the first of the folders named in the config that has it. The files hold one
+row per hour in time order, but no timestamp, so `load_gas_turbine` builds synthetic ones (see its
+docstring).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 DATASET = 'UCI Machine Learning Repository, "Gas Turbine CO and NOx Emission Data Set"'
 COLUMNS = ["AT", "AP", "AH", "AFDP", "GTEP", "TIT", "TAT", "TEY", "CDP", "CO", "NOX"]
 SERIES_ID = "gt"
+URL = "https://archive.ics.uci.edu/dataset/551/gas+turbine+co+and+nox+emission+data+set"
 
 
 def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
@@ -31,19 +33,14 @@ def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
     """
     if not list(years):
         raise ValueError("no years asked for: give at least one of 2011..2014")
-    root = find_first(
-        folder,
-        want_dir=True,
-        hint=f"gas turbine data not found: download the {DATASET} and put its year files gt_2011.csv .. "
-        "gt_2014.csv in one of these folders (or set data.source.folder)",
+    years = [int(y) for y in years]
+    hint = (
+        f"download the {DATASET} from {URL} and put its year files, unmodified, in data/gas_turbine "
+        f"(years {years} need {', '.join(f'gt_{y}.csv' for y in years)}; or set data.source.folder)"
     )
     frames = []
-    for year in (int(y) for y in years):
-        path = root / f"gt_{year}.csv"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"gas turbine year file not found: {path} (asked for years {list(years)})"
-            )
+    for year in years:
+        path = find_first(folder, file_name=f"gt_{year}.csv", hint=hint)
         table = pd.read_csv(path)
         missing = [c for c in COLUMNS if c not in table.columns]
         if missing:

@@ -38,18 +38,29 @@ def load_table(path) -> pd.DataFrame:
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def find_first(candidates, want_dir: bool, hint: str) -> Path:
-    """The first existing path among `candidates` (one path or a list of paths).
+def find_first(candidates, hint: str, file_name: str | None = None) -> Path:
+    """The first existing file among `candidates` (one path or a list of paths); with `file_name`,
+    the candidates are folders and the first `<folder>/<file_name>` that exists is returned.
 
-    A relative candidate is tried in the working directory, then under the repository root. None
-    found: FileNotFoundError with every place tried and `hint` (where the data comes from).
+    Each file is looked up on its own, so one file placed in the first folder does not hide the
+    others in the next. A relative candidate is tried in the working directory, then under the
+    repository root (once where the two are the same folder). None found: FileNotFoundError naming
+    the file, every place tried once, and `hint` (where the data comes from, what to do).
     """
     candidates = [candidates] if isinstance(candidates, (str, os.PathLike)) else list(candidates)
     tried = []
     for candidate in candidates:
         path = Path(candidate).expanduser()
         for place in [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]:
-            if place.is_dir() if want_dir else place.is_file():
-                return place.resolve()
-            tried.append(str(place))
-    raise FileNotFoundError(f"{hint}; tried: {', '.join(tried)}")
+            place = Path(os.path.normpath(place))
+            if place in tried:
+                continue
+            tried.append(place)
+            file = place / file_name if file_name else place
+            if file.is_file():
+                return file.resolve()
+    if file_name:
+        where = f"{file_name} not found in any of these folders: {', '.join(map(str, tried))}"
+    else:
+        where = f"no file at any of these paths: {', '.join(map(str, tried))}"
+    raise FileNotFoundError(f"{where}; {hint}")

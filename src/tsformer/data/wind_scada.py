@@ -3,7 +3,7 @@
 One turbine, 10-minute steps over 2018, with 32 gaps in the timeline (the DataModule splits the
 series there, so no window spans a gap). The file is not in the repository and must never be copied
 into it: `load_wind_scada` reads it where it lies, from the first existing path among the candidates
-the config names. Where the file comes from is described in `../shared/data/wind_turbine_scada/SOURCE.md`.
+the config names. It comes from Kaggle (`URL`).
 
 `theoretical_power` is the manufacturer's power curve evaluated at the measured wind speed. It
 knows the future wind exactly, so it must never be a model input: it is kept only for the
@@ -28,10 +28,9 @@ COLUMNS = {
     "theoretical_power": "Theoretical_Power_Curve",
     "wind_direction": "Wind Direction",
 }
-WHERE_FROM = (
-    'Kaggle dataset "Wind Turbine Scada Dataset" by berkerisen (file T1.csv); '
-    "see ../shared/data/wind_turbine_scada/SOURCE.md"
-)
+URL = "https://www.kaggle.com/datasets/berkerisen/wind-turbine-scada-dataset"
+
+
 def load_wind_scada(path, start=None, end=None) -> pd.DataFrame:
     """T1.csv as a tidy table, one row per 10-minute step present in the file.
 
@@ -41,9 +40,9 @@ def load_wind_scada(path, start=None, end=None) -> pd.DataFrame:
     """
     file = find_first(
         path,
-        want_dir=False,
-        hint=f"wind turbine SCADA file not found: get T1.csv from the {WHERE_FROM} and put it at one of "
-        "these paths (or set data.source.path)",
+        hint=f'download T1.csv, the wind turbine SCADA data, from the Kaggle data set "Wind Turbine Scada '
+        f'Dataset" ({URL}) and put it, unmodified, at data/wind_turbine_scada/T1.csv '
+        "(or set data.source.path)",
     )
     # encoding_errors: some copies of the file spell the degree sign in Latin-1
     raw = pd.read_csv(file, encoding_errors="replace")
