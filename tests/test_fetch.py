@@ -165,6 +165,33 @@ def test_unreachable_server_names_the_url(tmp_path):
     assert leftovers(tmp_path / "dest") == []
 
 
+def test_failed_fetch_leaves_no_folder_and_names_the_other_ways(tmp_path, capsys):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens on that port any more
+    dest = tmp_path / "data" / "ETT-small"
+    base = f"http://127.0.0.1:{port}/"
+    assert fetch.cli(["fetch", "ett", "--base-url", base, "--dest", str(dest), "--files", "ETTh1,ETTm1"]) == 1
+    assert not (tmp_path / "data").exists()  # nothing that the next command would take for the data
+    error = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(error) == 1, error
+    for part in ["ETTh1.csv, ETTm1.csv", "--base-url", ett.SOURCE_URL, "by hand", str(dest)]:
+        assert part in error[0]
+    # the next command, a run on that folder, gives the same ways, not only the fetch that failed
+    with pytest.raises(FileNotFoundError) as err:
+        ett.load_ett(dest, "ETTh1")
+    assert "--base-url" in str(err.value) and ett.SOURCE_URL in str(err.value)
+
+
+def test_failed_fetch_keeps_a_folder_that_was_there(tmp_path):
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    missing = (tmp_path / "no-such-mirror").as_uri()  # a file:// URL that does not exist
+    with pytest.raises(FetchError, match="ETTh2.csv"):
+        fetch_ett(dest, missing, "ETTh2", echo=lambda line: None)
+    assert dest.is_dir() and leftovers(dest) == []
+
+
 def test_git_lfs_pointer_is_explained(serve, tmp_path):
     served = tmp_path / "served"
     served.mkdir()

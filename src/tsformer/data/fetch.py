@@ -1,18 +1,26 @@
-"""Download public benchmark data sets, checked against known sha256 hashes.
+"""The `tsformer-data` command: download public benchmark data sets, checked against known sha256
+hashes, and write the simulated data sets as tables.
 
     tsformer-data fetch ett [--dest data/ETT-small] [--base-url URL] [--files ETTh1,ETTm1]
     python -m tsformer.data.fetch ett [same options]
+    tsformer-data simulate plant|wind|sensor --output plant.csv [--n-steps 6000 --seed 0 ...]
+        [--future-steps N]
 
 Each file is downloaded to a temporary name in the destination folder, hashed while it arrives, and
 renamed to its real name (atomically, `os.replace`) only when its sha256 is the expected one; a file
 that does not match is deleted and reported with both hashes. A file already there with the right
 hash is not downloaded again. Only the standard library is used (urllib).
+
+`simulate` writes what `data=<name>` trains on (conf/data/<name>.yaml: its simulator settings are
+the defaults of the options), with the columns that config uses, as a CSV that `data=csv` reads;
+`--future-steps N` empties the targets of each series' last N rows, the layout `predict.py` reads.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import os
 import sys
 import tempfile
@@ -20,7 +28,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tsformer.data import ett
+from tsformer.data import ett, simulators
+from tsformer.data.sources import REPO_ROOT
 
 CHUNK = 1 << 20  # bytes read at a time
 TIMEOUT_S = 60  # per network operation (connect, each read), not for the whole file
@@ -105,23 +114,35 @@ def ett_files(files) -> list[str]:
 def fetch_ett(dest="data/ETT-small", base_url: str = ett.BASE_URL, files=None, echo=print) -> list[Path]:
     """Download the ETT files into `dest` (see the module docstring); returns their paths.
 
-    Every file is tried; if any failed, FetchError lists them all after the others are in place.
+    Every file is tried; if any failed, FetchError lists them all after the others are in place,
+    with the other ways to get them. Folders this call created and left empty are removed, so that
+    a failed fetch leaves nothing that looks like data.
     """
     dest = Path(dest).expanduser().resolve()
+    created = [folder for folder in [dest, *dest.parents] if not folder.exists()]
     base_url = base_url if base_url.endswith("/") else base_url + "/"
-    paths, errors = [], []
+    paths, errors, failed = [], [], []
     for name in ett_files(files):
         url, path = base_url + name, dest / name
         try:
             downloaded = download(url, path, ett.SHA256[name])
         except FetchError as err:
             errors.append(str(err))
+            failed.append(name)
             echo(f"{name}: FAILED")
             continue
         echo(f"{name}: {'downloaded, sha256 ok' if downloaded else 'already there with the right sha256, skipped'}")
         paths.append(path)
     if errors:
-        raise FetchError("\n".join(errors))
+        for folder in created:  # deepest first
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        reasons = "; ".join(e.rstrip(".") for e in errors)
+        raise FetchError(
+            f"{reasons}. Get {', '.join(failed)} another way: from a mirror that serves the unmodified "
+            f"files (--base-url URL; the sha256 check stays), or download them by hand from "
+            f"{ett.SOURCE_URL} and copy them into {dest}"
+        )
     return paths
 
 
@@ -176,16 +197,123 @@ def main(argv=None) -> int:
     return _run(parser.parse_args(argv))
 
 
+DATA_CONFIGS = REPO_ROOT / "conf" / "data"
+SIMULATOR_PREFIX = "tsformer.data.simulators."
+
+
+def simulated_data_configs() -> dict[str, dict]:
+    """conf/data/<name>.yaml of each simulated data set, a plain dict (no Hydra: the command stays light)."""
+    from omegaconf import OmegaConf
+
+    configs = {}
+    for path in sorted(DATA_CONFIGS.glob("*.yaml")):
+        config = OmegaConf.to_container(OmegaConf.load(path))
+        source = config.get("source")
+        if isinstance(source, dict) and str(source.get("_target_", "")).startswith(SIMULATOR_PREFIX):
+            configs[path.stem] = config
+    return configs
+
+
+def _simulator(config: dict):
+    return getattr(simulators, config["source"]["_target_"][len(SIMULATOR_PREFIX):])
+
+
+def simulator_settings(config: dict) -> dict:
+    """The simulator's settings as `data=<name>` uses them: the config's, else the function's defaults."""
+    settings = {name: p.default for name, p in inspect.signature(_simulator(config)).parameters.items()}
+    settings.update({k: v for k, v in config["source"].items() if k in settings})
+    return settings
+
+
+def simulated_table(config: dict, settings: dict, future_steps: int = 0) -> tuple:
+    """(table, target columns): the simulated data of `config` with the columns it uses; the target
+    cells of each series' last `future_steps` rows are empty (the rows a forecast fills in)."""
+    table = _simulator(config)(**settings)
+    targets = list(config["target_cols"])
+    used = {*targets, *config.get("known_cols", []), *config.get("observed_cols", [])}
+    table = table[[c for c in table.columns if c in ("series_id", "time") or c in used]]
+    if future_steps:
+        future = table.groupby("series_id").cumcount(ascending=False) < future_steps
+        table = table.astype({c: float for c in targets})
+        table.loc[future, targets] = float("nan")
+    return table, targets
+
+
+def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> None:
+    parser.add_argument(
+        "dataset", choices=sorted(configs), help="the simulated data set (conf/data/<name>.yaml)"
+    )
+    parser.add_argument("--output", "-o", required=True, help="the CSV file to write")
+    parser.add_argument(
+        "--future-steps",
+        type=int,
+        default=0,
+        help="leave the target cells of each series' last N rows empty: history, then N future rows\n"
+        "with the known covariates only, as predict.py reads them (N >= the model's horizon)",
+    )
+    some_config = next(iter(configs.values()))  # the simulators share their settings (n_steps, seed, ...)
+    for name, default in simulator_settings(some_config).items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default),
+            default=None,
+            help=f"the simulator's {name} (default: as data=<name> trains on it)",
+        )
+
+
+def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
+    config = configs[args.dataset]
+    settings = simulator_settings(config)
+    settings.update({k: getattr(args, k) for k in settings if getattr(args, k) is not None})
+    if not 0 <= args.future_steps < settings["n_steps"]:
+        print(
+            f"error: --future-steps {args.future_steps} must be at least 0 and below --n-steps "
+            f"{settings['n_steps']} (the rows before them are the history)",
+            file=sys.stderr,
+        )
+        return 2
+    table, targets = simulated_table(config, settings, args.future_steps)
+    path = Path(args.output).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+    print(
+        f"{path.resolve()}: {args.dataset}, {settings['n_series']} series x {settings['n_steps']} steps "
+        f"of {settings['freq']} (seed {settings['seed']}), columns {', '.join(table.columns)}"
+    )
+    if args.future_steps:
+        print(
+            f"the targets ({', '.join(targets)}) of each series' last {args.future_steps} rows are empty; "
+            f"forecast them: python predict.py <run id> {path} --output forecasts.csv"
+        )
+    else:
+        known = [c for c in table.columns if c not in ("series_id", "time", *targets)]
+        print(
+            f"train on it: python train.py data=csv data.source={path} data.series_col=series_id "
+            f"data.target_cols=[{','.join(targets)}] data.known_cols=[{','.join(known)}]"
+        )
+    return 0
+
+
 def cli(argv=None) -> int:
-    """`tsformer-data fetch ett [options]` (the console script)."""
-    parser = argparse.ArgumentParser(prog="tsformer-data", description="Benchmark data sets for tsformer.")
+    """`tsformer-data fetch ett [options]`, `tsformer-data simulate <name> [options]` (the console script)."""
+    parser = argparse.ArgumentParser(prog="tsformer-data", description="Data sets for tsformer.")
     commands = parser.add_subparsers(dest="command", required=True)
     fetch = commands.add_parser(
         "fetch", help="download a data set", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
     fetch.add_argument("dataset", choices=["ett"], help="the data set to download")
     _add_ett_arguments(fetch)
-    return _run(parser.parse_args(argv))
+    configs = simulated_data_configs()
+    simulate = commands.add_parser(
+        "simulate",
+        help="write a simulated data set as a CSV table",
+        description="Write a simulated data set (the one data=<name> trains on) as a CSV table that\n"
+        "data=csv reads; with --future-steps, a table to forecast with predict.py.",
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    _add_simulate_arguments(simulate, configs)
+    args = parser.parse_args(argv)
+    return _run(args) if args.command == "fetch" else _run_simulate(args, configs)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""`tsformer-data simulate <name>`: the simulated data sets as tables, for `data=csv` and `predict.py`.
+
+README "Forecast new data" is followed as a user would: train on the default data (TINY settings),
+write new data with the README's own `tsformer-data simulate` line, forecast it with predict.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+
+from conftest import PLANT_KNOWN, PLANT_TARGETS, REPO, TINY, plant_csv_overrides
+from tsformer import predict
+from tsformer.data import fetch
+from tsformer.train import compose_config, run
+
+KEYS = ["series_id", "origin_time", "target_time", "step", "variable"]
+# the TINY plant: the settings TINY gives data.source
+TINY_PLANT = ["--n-series", "2", "--n-steps", "800", "--seed", "0"]
+
+
+def readme_simulate_args() -> list[str]:
+    """The arguments of the `tsformer-data simulate` command of README's "Forecast new data" section."""
+    section = (REPO / "README.md").read_text().split("## Forecast new data")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith(".venv/bin/tsformer-data simulate")]
+    assert len(lines) == 1, lines
+    words = shlex.split(lines[0].split("#")[0])
+    return words[words.index("simulate") :]
+
+
+def test_simulated_plant_is_what_data_plant_trains_on_through_data_csv(tmp_path):
+    path = tmp_path / "plant.csv"
+    assert fetch.cli(["simulate", "plant", "--output", str(path), *TINY_PLANT]) == 0
+    from_csv = instantiate(compose_config(plant_csv_overrides(path), tmp_path / "a").data)
+    simulated = instantiate(compose_config(TINY, tmp_path / "b").data)  # data=plant, the default
+    for dm in (from_csv, simulated):
+        dm.setup()
+    columns = ["series_id", "time", *PLANT_KNOWN, *PLANT_TARGETS]
+    pd.testing.assert_frame_equal(
+        from_csv.frame[columns].reset_index(drop=True), simulated.frame[columns].reset_index(drop=True)
+    )
+
+
+def test_wind_table_holds_only_the_columns_data_wind_uses(tmp_path, capsys):
+    path = tmp_path / "wind.csv"
+    args = ["simulate", "wind", "--output", str(path), "--n-steps", "50", "--future-steps", "5"]
+    assert fetch.cli(args) == 0
+    table = pd.read_csv(path)
+    # wind_direction (degrees) is no input of data=wind: predict.py would refuse the column
+    known = ["wind_speed", "wind_direction_sin", "wind_direction_cos"]
+    assert list(table.columns) == ["series_id", "time", *known, "power"]
+    assert table.power.isna().to_numpy().tolist() == [False] * 45 + [True] * 5
+    assert table.drop(columns="power").notna().all().all()
+    assert "python predict.py" in capsys.readouterr().out
+
+
+def test_future_steps_must_leave_history(tmp_path, capsys):
+    args = ["simulate", "sensor", "--output", str(tmp_path / "s.csv"), "--n-steps", "40"]
+    assert fetch.cli([*args, "--future-steps", "40"]) == 2
+    err = capsys.readouterr().err
+    assert "--future-steps 40" in err and "--n-steps 40" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """README step 1 with TINY settings: `python train.py model=dec_only`, in its own folder."""
+    folder = tmp_path_factory.mktemp("readme")
+    old = os.getcwd()
+    try:
+        os.chdir(folder)
+        result = run(compose_config(["model=dec_only", *TINY], folder / "out"))
+    finally:
+        os.chdir(old)
+    return result, folder
+
+
+def test_readme_simulate_then_predict(trained, monkeypatch):
+    result, folder = trained
+    monkeypatch.chdir(folder)
+    args = readme_simulate_args()
+    assert fetch.cli(args) == 0
+    new = folder / args[args.index("--output") + 1]
+    future = int(args[args.index("--future-steps") + 1])
+    assert predict.main([result.run_id, str(new), "--output", "forecasts.csv"]) == 0
+    forecasts = pd.read_csv(folder / "forecasts.csv", parse_dates=["origin_time", "target_time"])
+    table = pd.read_csv(new, parse_dates=["time"])
+    n_series = table.series_id.nunique()
+    assert len(forecasts) == n_series * future * len(PLANT_TARGETS)
+    assert forecasts.y_pred.notna().all() and forecasts.y_true.isna().all()
+    last_observed = table.dropna().groupby("series_id").time.max()
+    origins = forecasts.groupby("series_id").origin_time.max()
+    pd.testing.assert_series_equal(origins, last_observed, check_names=False)
+
+
+def test_simulated_table_of_the_training_data_gives_training_forecasts(trained, monkeypatch):
+    """The same plant as training, its last `horizon` targets left empty: predict.py forecasts the last
+    test window, as training did."""
+    result, folder = trained
+    monkeypatch.chdir(folder)
+    horizon = int(result.forecasts.step.max())
+    args = ["simulate", "plant", "--output", "same.csv", *TINY_PLANT, "--future-steps", str(horizon)]
+    assert fetch.cli(args) == 0
+    assert predict.main([result.run_id, "same.csv", "--output", "same_forecasts.csv"]) == 0
+    out = pd.read_csv(folder / "same_forecasts.csv", parse_dates=["origin_time", "target_time"])
+    both = result.forecasts.merge(out, on=KEYS, suffixes=("_train", "_new"))
+    assert len(both) == len(out) == 2 * horizon * len(PLANT_TARGETS)
+    np.testing.assert_allclose(both.y_pred_new, both.y_pred_train, rtol=1e-4, atol=1e-4)
