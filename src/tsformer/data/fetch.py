@@ -251,11 +251,11 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
         help="leave the target cells of each series' last N rows empty: history, then N future rows\n"
         "with the known covariates only, as predict.py reads them (N >= the model's horizon)",
     )
-    some_config = next(iter(configs.values()))  # the simulators share their settings (n_steps, seed, ...)
-    for name, default in simulator_settings(some_config).items():
+    # the simulators share their settings (n_series, n_steps, freq, start, seed)
+    for name, setting in inspect.signature(simulators.simulate_plant).parameters.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
-            type=type(default),
+            type=type(setting.default),
             default=None,
             help=f"the simulator's {name} (default: as data=<name> trains on it)",
         )
