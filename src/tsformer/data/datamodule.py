@@ -294,6 +294,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.frame = clean
         self._times = times
         self._series = series_ids(clean, self.schema)
+        series_codes = np.unique(self._series, return_inverse=True)[1]  # (rows,) 0.. per series
 
         datasets = {}
         for i, split in enumerate(SPLITS):
@@ -314,6 +315,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
                 static_num=static_num,
                 static_cat=static_cat,
                 valid=~filled,
+                series=series_codes,
             )
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 
