@@ -202,7 +202,8 @@ def test_batches_have_the_documented_shapes_and_calendar_channels():
     assert batch["static_cat"].dtype == torch.int64
     assert batch["hist_valid"].shape == (7, 10) and batch["fut_valid"].shape == (7, 4)
     assert batch["hist_valid"].all() and batch["fut_valid"].all()  # no gap filled
-    ints_and_flags = ("window", "static_cat", "hist_valid", "fut_valid")
+    assert batch["series"].shape == (7,) and batch["series"].dtype == torch.int64
+    ints_and_flags = ("window", "static_cat", "series", "hist_valid", "fut_valid")
     assert all(v.dtype == torch.float32 for k, v in batch.items() if k not in ints_and_flags)
     hours = dm.frame["time"].dt.hour + dm.frame["time"].dt.minute / 60
     np.testing.assert_allclose(  # calendar channels are not scaled

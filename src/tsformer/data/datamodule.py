@@ -4,7 +4,8 @@ Data flow in `setup`:
 1. read the source (CSV/Parquet path, or a DataFrame such as the simulated plant) and validate it;
 2. split chronologically on the shared time axis: cut-off timestamps `val_start` and `test_start`
    (explicit, or from the fractions of distinct timestamps), the same calendar time for every series;
-3. fit scalers on the train rows only (one for targets, one for known + observed covariates; the
+3. look for absurd values in the train rows (`outliers.py`; `outliers`: warn | error | ignore), then
+   fit scalers on the train rows only (one for targets, one for known + observed covariates; the
    calendar channels are already in [-1, 1] and stay unscaled), transform all rows once;
 4. cut windows by index. A window belongs to the split that holds ALL its target steps (forecast:
    the M future steps; reconstruction: the N window steps). A val/test forecast window's history
@@ -37,6 +38,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from tsformer.data.calendar import calendar_feature_names, calendar_features
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
+from tsformer.data.outliers import check_outliers, outlier_mode
 from tsformer.data.schema import (
     DataValidationError,
     SeriesSchema,
@@ -153,6 +155,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         static_categorical_cols: list[str] = (),
         fill: str | None = None,
         max_fill_steps: int = 3,
+        outliers: str = "warn",
     ):
         super().__init__()
         self.source = source
@@ -182,6 +185,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if fill is not None and fill not in FILL_METHODS:
             raise ValueError(f"unknown fill {fill!r}; choose one of {FILL_METHODS} or null (gaps split series)")
         self.fill, self.max_fill_steps = fill, int(max_fill_steps)
+        self.outliers = outlier_mode(outliers)  # fail now on a typo, not after reading the data
         # carried along in `frame` for baselines (e.g. a manufacturer's power curve): never scaled,
         # never windowed, never a model input
         self.extra_cols = [extra_cols] if isinstance(extra_cols, str) else [str(c) for c in extra_cols]
@@ -281,6 +285,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
                 f"val_start={pd.Timestamp(cutoffs[1])}); move val_start or lower the fractions"
             )
 
+        profiled = [*self.schema.value_cols, *self.schema.static_cols]  # the columns the scalers see
+        check_outliers(clean[(split_of_row == 0) & ~filled], profiled, source, self.outliers)
         target, known, observed = self._scale(clean, times, split_of_row == 0)
         static_num, static_cat = self._static(clean, split_of_row == 0)
         if self.future_known_noise is not None:
@@ -288,6 +294,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.frame = clean
         self._times = times
         self._series = series_ids(clean, self.schema)
+        series_codes = np.unique(self._series, return_inverse=True)[1]  # (rows,) 0.. per series
 
         datasets = {}
         for i, split in enumerate(SPLITS):
@@ -308,6 +315,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
                 static_num=static_num,
                 static_cat=static_cat,
                 valid=~filled,
+                series=series_codes,
             )
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 

@@ -52,7 +52,7 @@ class WindowDataset(Dataset):
     Item shapes: hist_target (N, Dy), hist_known (N, Dk), hist_observed (N, Do),
     fut_target (M, Dy), fut_known (M, Dk), fut_observed (M, Do), static_num (S_num,),
     static_cat (S_cat,) int64 category codes, hist_valid (N,) and fut_valid (M,) bool (False on filled
-    steps), window () int64.
+    steps), series () int64 (the window's series, 0.. in sorted order of the series ids), window () int64.
 
     `fut_known_transform(fut_known, row=...)`, when given, replaces each window's future known
     covariates (e.g. a weather forecast's error, `forecast_noise.py`); `row` is the table row of the
@@ -71,6 +71,7 @@ class WindowDataset(Dataset):
         static_num=None,
         static_cat=None,
         valid=None,
+        series=None,
     ):
         # torch.as_tensor shares memory with a float32 numpy array: nothing is copied here
         self.target = torch.as_tensor(target, dtype=torch.float32)  # (rows, Dy)
@@ -85,6 +86,8 @@ class WindowDataset(Dataset):
         self.static_cat = torch.as_tensor(
             static_cat if static_cat is not None else np.zeros((rows, 0)), dtype=torch.int64
         )  # (rows, S_cat)
+        # per row, the series as a code (per-series baselines); one series when not given
+        self.series = torch.as_tensor(series if series is not None else np.zeros(rows), dtype=torch.int64)
         self.starts = np.asarray(starts, dtype=np.int64)  # (W,)
         self.context_len = int(context_len)
         self.horizon = int(horizon)
@@ -113,6 +116,7 @@ class WindowDataset(Dataset):
             "fut_valid": self.valid[fut],
             "static_num": self.static_num[start],
             "static_cat": self.static_cat[start],
+            "series": self.series[start],
             "window": torch.tensor(i, dtype=torch.int64),
         }
 

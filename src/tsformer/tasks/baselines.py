@@ -4,7 +4,8 @@ A baseline has a `name`, is fitted on the train split (`fit(datamodule)`) and pr
 steps of a batch of windows in scaled units (`predict(batch) -> (B, T_out, Dy)`), like the task.
 Every run measures the naive baseline of its job (metrics `test/baseline_*`):
 - forecasting: `Persistence`, the last observed value repeated over the horizon;
-- state reconstruction: `PerRowRegressor(LinearRegression())`, inputs -> states one row at a time.
+- state reconstruction: `PerRowRegressor(LinearRegression())`, inputs -> states one row at a time,
+  one regression per series.
 More can be added per experiment (`baselines:` in the config), e.g. gradient boosting per row;
 their metrics are `test/<name>_*`.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
+from sklearn.base import clone
 from sklearn.linear_model import LinearRegression
 
 from tsformer.data.forecast_noise import scaler_affine
@@ -43,19 +45,32 @@ class PerRowRegressor:
     Inputs: known + observed covariates of the target steps; fitted on the rows that train windows
     predict. Works for reconstruction windows (targets = the window) and forecast windows (targets =
     the future steps, whose known covariates are given; observed ones are not, so they are left out).
+
+    With several series, one regressor per series (`per_series`, the default): series often differ
+    by an offset or a gain that the inputs do not show, and a pooled fit would make a baseline that
+    ignores them, which any model that knows the series beats without learning anything. A series
+    without train rows gets the pooled regressor.
     """
 
-    def __init__(self, estimator=None, name: str = "baseline"):
+    def __init__(self, estimator=None, name: str = "baseline", per_series: bool = True):
         self.estimator = estimator if estimator is not None else LinearRegression()
         self.name = name
+        self.per_series = bool(per_series)
 
     def fit(self, datamodule) -> None:
         train = datamodule.datasets["train"]
         self.reconstruction = train.horizon == 0
         rows = train.measured_target_rows()
-        inputs = self._inputs_of_rows(train.known, train.observed)[rows].numpy()
-        targets = train.target[rows].numpy()
-        self.estimator.fit(inputs, targets[:, 0] if targets.shape[1] == 1 else targets)
+        inputs = self._inputs_of_rows(train.known, train.observed)[rows].numpy()  # (R, D)
+        targets = train.target[rows].numpy()  # (R, Dy)
+        series = train.series[rows].numpy() if self.per_series else np.zeros(len(rows), dtype=np.int64)
+
+        def fitted(selected: np.ndarray):
+            y = targets[selected]
+            return clone(self.estimator).fit(inputs[selected], y[:, 0] if y.shape[1] == 1 else y)
+
+        self.by_series = {int(s): fitted(series == s) for s in np.unique(series)}
+        self.pooled = next(iter(self.by_series.values())) if len(self.by_series) == 1 else fitted(slice(None))
 
     def _inputs_of_rows(self, known: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
         return torch.cat([known, observed], dim=-1) if self.reconstruction else known
@@ -66,8 +81,16 @@ class PerRowRegressor:
         else:
             inputs = batch["fut_known"]  # (B, M, Dk)
         B, T, D = inputs.shape
-        pred = self.estimator.predict(inputs.reshape(B * T, D).detach().cpu().numpy())  # (B*T,) or (B*T, Dy)
-        pred = pred.reshape(B, T, -1)  # (B, T, Dy)
+        flat = inputs.detach().cpu().numpy()  # (B, T, D)
+        series = batch["series"].cpu().numpy() if self.per_series else np.zeros(B, dtype=np.int64)  # (B,)
+        pred = None
+        for s in np.unique(series):
+            windows = series == s
+            estimator = self.by_series.get(int(s), self.pooled)
+            part = estimator.predict(flat[windows].reshape(-1, D)).reshape(int(windows.sum()), T, -1)
+            if pred is None:
+                pred = np.empty((B, T, part.shape[-1]), dtype=part.dtype)  # (B, T, Dy)
+            pred[windows] = part
         return torch.as_tensor(pred, dtype=inputs.dtype, device=inputs.device)
 
 

@@ -2,7 +2,10 @@
 
 Window of N steps: inputs = known + observed covariates `(B, N, Dk + Do)` -> targets `(B, N, Dy)`
 at the same steps, with bidirectional attention (no forecasting). The baseline is a per-step linear
-regression from the same inputs, fitted on the train rows.
+regression from the same inputs, fitted on the train rows of each series. With several series the
+inputs alone may not tell which series a window is from: without a series-level input (static
+columns, or the series id as a static category: an embedding per series) the model cannot learn
+how the series differ, and the fit warns.
 
 It takes none of the model options (`supported_options` is empty): the targets are what it infers,
 never an input, so RevIN has no history statistics to take and channel independence no channel
@@ -12,11 +15,15 @@ With a distribution head it gives the marginal distribution of every step's stat
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.tasks.base import WindowTask, valid_steps
 from tsformer.tasks.baselines import PerRowRegressor
+
+log = logging.getLogger(__name__)
 
 
 class ReconstructionTask(WindowTask):
@@ -53,4 +60,18 @@ class ReconstructionTask(WindowTask):
         return valid_steps(batch, "hist")
 
     def naive_baseline(self) -> PerRowRegressor:
-        return PerRowRegressor()  # linear regression inputs -> states, one row at a time
+        return PerRowRegressor()  # linear regression inputs -> states, one row at a time, per series
+
+    def on_fit_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        if datamodule is None or self.static.width > 0:
+            return
+        n_series = datamodule.window_info("train").series_id.nunique()
+        if n_series > 1:
+            log.warning(
+                "state reconstruction of %d series without a series-level input: the model gets no sign of "
+                "which series a window is from, while the baseline is fitted per series; give each series "
+                "an embedding (data.static_categorical_cols=[%s]) or its properties (data.static_cols)",
+                n_series,
+                datamodule.schema.series_col,
+            )
