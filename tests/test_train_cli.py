@@ -176,6 +176,7 @@ BAD_SETTINGS = {
     "seed=abc": "seed=abc",
     "data.val_fraction=0.6": "data.val_fraction=0.6 and data.test_fraction=0.5",
     "trainer.max_epochs=0": "trainer.max_epochs=0",
+    "model.net.n_heads=3": "model: d_model=16 must be divisible by n_heads=3",  # refused by the model itself
 }
 
 

@@ -2,7 +2,8 @@
 
 Every object is built from the config (`conf/`) with `hydra.utils.instantiate`; this file only puts
 them together in order:
-1. the data module validates and windows the data (bad input fails here, before any run exists);
+1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
+   input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
