@@ -34,6 +34,7 @@ from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from tsformer import tracking
+from tsformer.settings import SettingError
 
 CHECKPOINT_KEY = "tsformer"
 LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION  # last.ckpt
@@ -111,15 +112,15 @@ def resolve(cfg: DictConfig) -> Resume:
     try:  # mmap: only the few small entries read here come from the disk
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
-        raise ValueError(f"resume={target}: cannot read {checkpoint} as a checkpoint: {err}") from err
+        raise SettingError(f"resume={target}: cannot read {checkpoint} as a checkpoint: {err}") from err
     entry = state.get(CHECKPOINT_KEY)
     if entry is None:
-        raise ValueError(
+        raise SettingError(
             f"resume={target}: the checkpoint {checkpoint} has no '{CHECKPOINT_KEY}' entry, so the config "
             "of its run is unknown (it was not written by tsformer's train.py, or by an older version)"
         )
     if RUN_ID.fullmatch(target) and entry["run_id"] != target:
-        raise ValueError(
+        raise SettingError(
             f"resume={target}: {checkpoint} belongs to MLflow run {entry['run_id']}, not to {target} "
             "(another run wrote into the same folder); pass the path of a checkpoint of this run"
         )
@@ -135,7 +136,7 @@ def _refuse_other_overrides(target: str) -> None:
         return
     others = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") != "resume"]
     if others:
-        raise ValueError(
+        raise SettingError(
             f"resume={target} continues a run with the config it started with; the command line also sets "
             f"{others}: drop them (hydra.* settings may stay), or start a new run to change settings"
         )
@@ -170,13 +171,13 @@ def _find_checkpoint(target: str, cfg: DictConfig) -> Path:
     try:
         run = MlflowClient(uri).get_run(target)
     except MlflowException as err:
-        raise ValueError(
+        raise SettingError(
             f"resume={target}: no such MLflow run in {uri} (run from the folder the run was started in, "
             "or set MLFLOW_TRACKING_URI)"
         ) from err
     folder = run.data.tags.get("checkpoint_dir")
     if folder is None:
-        raise ValueError(
+        raise SettingError(
             f"resume={target}: the run has no 'checkpoint_dir' tag (it ran without checkpoints, or before "
             "resume support); pass the path of its last.ckpt instead"
         )
@@ -193,7 +194,7 @@ def _refuse_finished(target: str, run_id: str, uri: str | None) -> None:
     # Lightning marks the run FINISHED when fit ends: only the test metrics say the whole run did
     run = MlflowClient(uri).get_run(run_id)
     if run.info.status == "FINISHED" and "test/mse" in run.data.metrics:
-        raise ValueError(
+        raise SettingError(
             f"resume={target}: MLflow run {run_id} has finished (test metrics logged): nothing to resume"
         )
 

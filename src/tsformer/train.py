@@ -2,7 +2,8 @@
 
 Every object is built from the config (`conf/`) with `hydra.utils.instantiate`; this file only puts
 them together in order:
-1. the data module validates and windows the data (bad input fails here, before any run exists);
+1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
+   input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
@@ -17,6 +18,9 @@ process alone (`_one_process_for_test`).
 from __future__ import annotations
 
 import logging
+import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,22 +34,30 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import resume, sweep, tracking
+from tsformer import resume, settings, sweep, tracking
+from tsformer.data.schema import DataValidationError
 from tsformer.export import forecasts_frame, mae_by_step, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.settings import SettingError
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
 
-# conf/ sits at the top of the repository: found from this file, so any working directory works.
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# conf/ and predict.py sit at the top of the repository: found from this file, so any working
+# directory works.
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = str(REPO / "conf")
+# What the user's data or settings got wrong: `main` prints the message alone (it names the file,
+# column and row, or the setting) and exits 2, as predict.py does; any other error keeps its traceback.
+USER_ERRORS = (DataValidationError, SettingError, FileNotFoundError, tracking.TrackingServerUnreachable)
 
 
 def compose_config(overrides: list[str], output_dir: str | Path) -> DictConfig:
@@ -89,10 +101,22 @@ class RunResult:
     window_mse: np.ndarray  # (W,) each test window's MSE over its valid steps (scaled units), in window order
 
 
+def _instantiate_settings(node: DictConfig, **kwargs):
+    """`instantiate(node)`, where a ValueError of a constructor is a setting of `node` it refuses:
+    a `SettingError` naming the config group, not Hydra's wrapper around it."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ValueError) and not isinstance(cause, USER_ERRORS):
+            raise SettingError(f"{node._key()}: {cause}") from err
+        raise  # `main` finds a user error behind Hydra's wrapper
+
+
 def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
     """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels;
     `baselines`: extra ones, beside the naive baseline."""
-    return instantiate(
+    return _instantiate_settings(
         model_cfg,
         _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
         d_target=datamodule.d_target,
@@ -110,6 +134,7 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
+    settings.check(cfg)  # first: a setting that cannot work stops the run before data or MLflow
     tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
     if resumed is not None:
@@ -117,26 +142,23 @@ def run(cfg: DictConfig) -> RunResult | None:
         # and outputs of one run stay together, and ModelCheckpoint keeps its record of the best
         # epoch so far only when its folder is unchanged.
         cfg = resumed.config
-    if cfg.trainer.get("limit_test_batches", 1.0) != 1.0:
-        raise ValueError(
-            f"trainer.limit_test_batches={cfg.trainer.limit_test_batches}: every test window is evaluated "
-            "and exported, so it must stay 1.0 (use smaller data or data.eval_stride to test faster)"
-        )
+    elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
+        _refuse_used_output_folder(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.data)
+    datamodule = _instantiate_settings(cfg.data)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
     output_dir = Path(cfg.paths.output_dir)
     if cfg.get("paths_file") and not (task.head.probabilistic and task.autoregressive):
-        raise ValueError(
+        raise SettingError(
             f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
             f"student_t or quantile) sample paths; this run is {task.family} with head={task.head.kind}"
         )
 
     with open_dict(cfg):
         for entry in (cfg.get("logger") or {}).values():
-            if "run_name" in entry and entry.run_name is None:  # a run without a name: <family>-<data set>
-                entry.run_name = f"{task.family}-{datamodule.name}"
+            if "run_name" in entry and entry.run_name is None:
+                entry.run_name = _run_name(task.family, datamodule.name)
             if "tracking_uri" in entry:
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
                 if resumed is not None:
@@ -210,7 +232,7 @@ def run(cfg: DictConfig) -> RunResult | None:
                 tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_on_request(err) else "FAILED")
             raise
 
-    _print_summary(mlflow_logger, metrics, [b.name for b in task.baselines], csv_path, model_folder)
+    _print_summary(mlflow_logger, metrics, task.baselines, csv_path, model_folder)
     if paths_path is not None:
         print(f"sampled paths: {paths_path.resolve()}")
     return RunResult(
@@ -229,6 +251,28 @@ def run(cfg: DictConfig) -> RunResult | None:
     )
 
 
+def _refuse_used_output_folder(cfg: DictConfig) -> None:
+    """A new run owns its output folder: another run's checkpoints there would be mixed with its own
+    (`best-v1.ckpt`) and its model folder overwritten, and a run would log a model it did not train."""
+    output_dir = Path(cfg.paths.output_dir)
+    checkpoint_dir = OmegaConf.select(cfg, "callbacks.model_checkpoint.dirpath")
+    places = [output_dir / "model", *([Path(checkpoint_dir)] if checkpoint_dir else [])]
+    used = [p for p in places if p.is_dir() and any(p.iterdir())]
+    if used:
+        raise SettingError(
+            f"output folder {output_dir} (hydra.run.dir) holds another run's outputs ({used[0]}): give "
+            "each run a new folder (without hydra.run.dir every run gets one), or continue that run: "
+            f"resume={output_dir}"
+        )
+
+
+def _run_name(family: str, dataset: str) -> str:
+    """`<family>-<data file stem>-<HHMMSS>-<run tag>`: short, as MLflow's list cuts long names (a CSV's
+    data set name is its path); the start time and the tag of the run folder (`settings.run_tag`)
+    tell apart runs started together."""
+    return f"{family}-{Path(dataset).stem}-{time.strftime('%H%M%S')}-{settings.run_tag()}"
+
+
 def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
     """`(W,)`: the squared error of each test window averaged over its valid steps and variables."""
     sq = (outputs["pred"] - outputs["true"]) ** 2 * outputs["valid"][..., None]  # (W, T, Dy)
@@ -244,7 +288,7 @@ def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
     launches = environment is not None and not environment.creates_processes_externally
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if trainer.world_size > 1 and launches and in_sweep:
-        raise ValueError(
+        raise SettingError(
             f"trainer.strategy={trainer.strategy.__class__.__name__} with {trainer.world_size} processes "
             "in a sweep (-m): Lightning would start each other process by re-running the whole sweep. Run "
             "the trials one by one (README, 'Several GPUs or machines')"
@@ -349,21 +393,23 @@ def _history(datamodule) -> pd.DataFrame:
     return history.assign(series_id=0)
 
 
-def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_path: Path, model_folder: Path) -> None:
-    """The run id, each test metric of the model beside the baselines' (`baseline` = the naive one),
-    where the CSV is, and how to forecast with the model."""
+def _print_summary(
+    logger, metrics: dict[str, float], baselines: list, csv_path: Path | None, model_folder: Path
+) -> None:
+    """The run id, each test metric of the model beside the baselines' (the first is the naive one,
+    `baseline`), what the columns and units are, where the CSV is, and how to forecast with the model."""
     names = ["mse", "mae", "mae_orig", "rmse_orig"]
     names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
     names += [n for n in ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig") if f"test/{n}" in metrics]
     width = max(len(n) for n in names) + 2
-    columns = ["model", *baselines]
+    columns = ["model", *(b.name for b in baselines)]
     lines = ["", "=" * 72]
     if logger is not None:
         lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
     col = max(14, *(len(c) for c in columns)) + 2
     lines.append(f"{'test metric':<{width}}" + "".join(f"{c:>{col}}" for c in columns))
     for name in names:
-        keys = [f"test/{name}"] + [f"test/{b}_{name}" for b in baselines]
+        keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     if "calibration/val_coverage_80_as_trained" in metrics:
         lines.append(
@@ -372,18 +418,55 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list[str], csv_
             f"factor x{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
             f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last"
         )
+    lines += [f"{b.name}: {b.description}" for b in baselines]
+    lines.append("*_orig rows: in the targets' own units; the others: on the targets as scaled for training")
     lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
     ref = logger.run_id if logger is not None else model_folder.resolve()
-    lines.append(f"forecast new data: python predict.py {ref} <table.csv> --output forecasts.csv")
+    lines.append(f"forecast new data: {_predict_command(ref)}")
     lines.append("=" * 72)
     print("\n".join(lines))
 
 
+def _predict_command(model) -> str:
+    """predict.py's command line for `model`, with the interpreter this training ran in (where
+    tsformer is installed, whether or not its environment is active); paths inside the current
+    folder relative to it."""
+
+    def shown(path) -> str:
+        relative = os.path.relpath(path)
+        return shlex.quote(relative if not relative.startswith("..") else str(path))
+
+    # sys.executable unresolved: a virtual environment's python is a link to the base interpreter
+    return f"{shown(sys.executable)} {shown(REPO / 'predict.py')} {model} <table.csv> --output forecasts.csv"
+
+
+def _user_error(err: BaseException) -> BaseException | None:
+    """The data or setting error (`USER_ERRORS`) `err` is, or that Hydra's instantiate wrapped in it."""
+    while err is not None:
+        if isinstance(err, USER_ERRORS):
+            return err
+        err = err.__cause__ if isinstance(err, InstantiationException) else None
+    return None
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    """Returns the best validation metric, which Hydra's sweepers optimise."""
+    """Returns the best validation metric, which Hydra's sweepers optimise.
+
+    A data or setting error of a single run is one line, `error: ...`, and exit status 2 (as in
+    predict.py); HYDRA_FULL_ERROR=1 shows its traceback. In a sweep (-m) it stays the trial's error,
+    which the sweep records and goes on.
+    """
     log.debug("config:\n%s", OmegaConf.to_yaml(cfg))
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    except Exception as err:
+        user_error = _user_error(err)
+        in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+        if user_error is None or in_sweep or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"error: {user_error}", file=sys.stderr)
+        sys.exit(2)
     return result.best_val if result is not None else None  # None: another process of a DDP fit
 
 

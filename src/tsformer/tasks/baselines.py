@@ -1,6 +1,6 @@
 """Baselines, measured on exactly the windows the model is tested on.
 
-A baseline has a `name`, is fitted on the train split (`fit(datamodule)`) and predicts the target
+A baseline has a `name` and a one-line `description` (printed under a run's summary), is fitted on the train split (`fit(datamodule)`) and predicts the target
 steps of a batch of windows in scaled units (`predict(batch) -> (B, T_out, Dy)`), like the task.
 Every run measures the naive baseline of its job (metrics `test/baseline_*`):
 - forecasting: `Persistence`, the last observed value repeated over the horizon;
@@ -29,6 +29,8 @@ from tsformer.tasks.probabilistic import QuantileFunctionForecast
 class Persistence:
     """Forecast: the last observed target, `(B, N, Dy)` history -> `(B, M, Dy)`."""
 
+    description = "the last observed value repeated over the horizon"
+
     def __init__(self, name: str = "baseline"):
         self.name = name
 
@@ -56,6 +58,8 @@ class PerRowRegressor:
         self.estimator = estimator if estimator is not None else LinearRegression()
         self.name = name
         self.per_series = bool(per_series)
+        per = " per series" if self.per_series else ""
+        self.description = f"{type(self.estimator).__name__}{per} from each step's covariates to its targets"
 
     def fit(self, datamodule) -> None:
         train = datamodule.datasets["train"]
@@ -113,6 +117,7 @@ class PowerCurve:
         bin_width: float = 0.1,
         name: str = "baseline_power_curve",
     ):
+        self.description = "the manufacturer's power curve at the forecast wind speed"
         self.speed_col, self.curve_col, self.target_col = speed_col, curve_col, target_col
         self.bin_width = float(bin_width)
         self.name = name
