@@ -58,7 +58,8 @@ def test_runs_uri_registry_uri_and_predict_py_find_the_logged_model(logged, tmp_
         assert pyfunc.metadata.get_input_schema() is not None, uri
     # what `predict.py <run id>` fetches: the run's model folder
     model_folder = resolve_model(result.run_id, client.tracking_uri, tmp_path)
-    assert sorted(p.name for p in model_folder.iterdir()) == sorted(p.name for p in result.model_folder.iterdir())
+    names = sorted(p.name for p in model_folder.iterdir())
+    assert names == sorted(p.name for p in result.model_folder.iterdir())
 
 
 def test_the_experiment_opens_as_model_training(logged):

@@ -90,7 +90,8 @@ def test_run_logs_to_a_tracking_server(tracking_server, in_tmp):
     assert "val/mse" in run_.data.metrics and len(client.get_metric_history(result.run_id, "train/loss")) >= 1
     assert run_.data.params["model/net/d_model"] == "16"
 
-    listed = {a.path for folder in ("", "forecasts", "checkpoints", "plots") for a in client.list_artifacts(result.run_id, folder)}
+    folders = ("", "forecasts", "checkpoints", "plots")
+    listed = {a.path for folder in folders for a in client.list_artifacts(result.run_id, folder)}
     for path in ["forecasts/forecasts.csv", "checkpoints/best.ckpt", "plots/test_windows.png"]:
         assert path in listed, (path, listed)
     (model_output,) = run_.outputs.model_outputs  # the run's logged pyfunc model, its files on the server

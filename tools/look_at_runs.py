@@ -48,8 +48,8 @@ def train(out: Path) -> dict[str, str]:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     run_ids = {}
     for name, overrides in RUNS.items():
-        result = run(compose_config([*overrides, *TINY, f"logger.mlflow.run_name={name}"], out / "outputs" / name))
-        run_ids[name] = result.run_id
+        cfg = compose_config([*overrides, *TINY, f"logger.mlflow.run_name={name}"], out / "outputs" / name)
+        run_ids[name] = run(cfg).run_id
     return run_ids
 
 
@@ -111,9 +111,10 @@ def screenshots(uri: str, experiment_id: str, run_ids: dict[str, str], folder: P
             pages[f"run_{name}"] = f"{base}/#/experiments/{experiment_id}/runs/{run_id}{training}"
         for name, url in pages.items():
             path = folder / f"{name}.png"
+            height = 2600 if name.startswith("run") else 1100  # a run page is long: all of it
             subprocess.run(
                 [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                 "--window-size=1600,1100", "--virtual-time-budget=20000", f"--screenshot={path}", url],
+                 f"--window-size=1600,{height}", "--virtual-time-budget=20000", f"--screenshot={path}", url],
                 check=True, capture_output=True, timeout=120,
             )
             print(f"{url} -> {path}")
@@ -123,8 +124,10 @@ def screenshots(uri: str, experiment_id: str, run_ids: dict[str, str], folder: P
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="folder for mlflow.db, the run outputs, figures and screenshots")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path, help="folder for mlflow.db, run outputs, figures, screenshots")
     parser.add_argument("--screenshots-only", action="store_true", help="reuse the runs in OUT/mlflow.db")
     parser.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
     args = parser.parse_args()

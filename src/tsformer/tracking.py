@@ -305,7 +305,7 @@ def log_pyfunc_model(
     )
     with restore_env("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):
         os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # logging copies with a bar per file
-        mlflow.set_tracking_uri(client.tracking_uri)  # the run's database or server: Model.log uses the default
+        mlflow.set_tracking_uri(client.tracking_uri)  # Model.log's client: the run's database or server
         info = Model.log(  # what mlflow.pyfunc.log_model runs, with the run and the model given
             artifact_path=None,  # MLflow 3: the model is named, not placed among the run's artifacts
             name=MODEL_NAME,
