@@ -90,9 +90,12 @@ def test_run_logs_to_a_tracking_server(tracking_server, in_tmp):
     assert "val/mse" in run_.data.metrics and len(client.get_metric_history(result.run_id, "train/loss")) >= 1
     assert run_.data.params["model/net/d_model"] == "16"
 
-    listed = {a.path for folder in ("", "forecasts", "model", "checkpoints", "plots") for a in client.list_artifacts(result.run_id, folder)}
-    for path in ["forecasts/forecasts.csv", "model/MLmodel", "checkpoints/best.ckpt", "plots/test_windows.png"]:
+    folders = ("", "forecasts", "checkpoints", "plots")
+    listed = {a.path for folder in folders for a in client.list_artifacts(result.run_id, folder)}
+    for path in ["forecasts/forecasts.csv", "checkpoints/best.ckpt", "plots/test_windows.png"]:
         assert path in listed, (path, listed)
+    (model_output,) = run_.outputs.model_outputs  # the run's logged pyfunc model, its files on the server
+    assert "MLmodel" in {a.path for a in client.list_logged_model_artifacts(model_output.model_id)}
     downloaded = client.download_artifacts(result.run_id, "forecasts/forecasts.csv", str(in_tmp / "download"))
     assert filecmp.cmp(downloaded, result.csv_path, shallow=False)  # the CSV, byte for byte, via the server
     stored = list(artifacts.rglob("forecasts.csv"))

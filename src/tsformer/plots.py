@@ -1,5 +1,9 @@
-"""Figures logged with every run: forecasts against actuals, error by horizon step, attention maps;
-with a distribution head also a fan chart (median, 50% and 80% bands)."""
+"""Figures logged with every run: forecasts (or reconstructions) against the measured values, error
+by step, attention maps; with a distribution head also a fan chart (median, 50% and 80% bands).
+
+Each is meant to be read at a glance by someone who knows the plant, not the model: values in the
+variable's original units (the data says no unit: "original units"), times on the axes, one legend
+per figure, colour bars on maps."""
 
 from __future__ import annotations
 
@@ -8,33 +12,43 @@ import re
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed: figures go to files and MLflow
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.colors import PowerNorm
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 from torch.utils.data import default_collate
+
+from tsformer.nn.patching import n_patches
 
 LAYER_NAME = re.compile(r"(?P<stack>\w+)\.blocks\.(?P<index>\d+)\.(?P<kind>self|cross)_attn")
 
 
-def forecast_windows_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4):
+def forecast_windows_figure(
+    forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4, reconstruction: bool = False
+):
     """A grid: rows = a few test windows spread over the test period, columns = target variables.
 
     forecasts: the export frame (original units); history: columns series_id, time, <targets>, the
-    validated data, from which each window's context is drawn.
+    validated data, from which each forecast's history is drawn. `reconstruction`: the frame holds
+    state reconstructions (windows from `origin_time` on), not forecasts after it.
     """
 
     def draw(ax, w):
-        ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="actual")
-        ax.plot(w.target_time, w.y_pred, color="tab:red", lw=1.2, label="forecast")
+        ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="measured")
+        predicted = "reconstruction" if reconstruction else "forecast"
+        ax.plot(w.target_time, w.y_pred, color="tab:red", lw=1.2, label=predicted)
 
-    return _window_grid(forecasts, history, n_windows, draw)
+    return _window_grid(forecasts, history, n_windows, draw, reconstruction)
 
 
-def _window_grid(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int, draw):
-    """The grid of `forecast_windows_figure`: each panel shows the context before the origin, then
-    `draw(ax, rows of that window and variable)`."""
+def _window_grid(
+    forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int, draw, reconstruction: bool = False
+):
+    """The grid of `forecast_windows_figure`: in each panel `draw(ax, rows of that window and variable)`,
+    after a forecast's history up to its origin (a reconstruction has none: its window is all inputs).
+    One legend for the figure; y-axes in the variable's original units; dates written concisely."""
     variables = list(dict.fromkeys(forecasts["variable"]))
     origins = forecasts[["series_id", "origin_time"]].drop_duplicates().reset_index(drop=True)
     picks = origins.iloc[np.linspace(0, len(origins) - 1, min(n_windows, len(origins))).round().astype(int)]
@@ -42,33 +56,58 @@ def _window_grid(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int,
     for row, (_, origin) in enumerate(picks.iterrows()):
         window = forecasts[(forecasts.series_id == origin.series_id) & (forecasts.origin_time == origin.origin_time)]
         span = window.target_time.max() - window.target_time.min()
+        start = pd.Timestamp(origin.origin_time)
         for col, var in enumerate(variables):
             ax = axes[row, col]
-            series = history[history.series_id == origin.series_id]
-            context = series[(series.time <= origin.origin_time) & (series.time >= origin.origin_time - span)]
-            ax.plot(context.time, context[var], color="0.6", lw=1, label="context")
+            if not reconstruction:
+                series = history[history.series_id == origin.series_id]
+                context = series[(series.time <= start) & (series.time >= start - span)]
+                ax.plot(context.time, context[var], color="0.6", lw=1, label="measured before the origin")
+                ax.axvline(start, color="0.3", lw=0.8, ls=":", label="forecast origin")
             draw(ax, window[window.variable == var])
-            ax.set_title(f"series {origin.series_id} · {var} · origin {pd.Timestamp(origin.origin_time):%Y-%m-%d %H:%M}", fontsize=8)
+            ax.set_title(f"series {origin.series_id} · {_window_start(start, reconstruction)}", fontsize=8)
+            ax.set_ylabel(f"{var}\n(original units)", fontsize=7)
+            _concise_dates(ax.xaxis)
             ax.tick_params(labelsize=7)
-            if row == 0 and col == 0:
-                ax.legend(fontsize=7)
-    fig.tight_layout()
+            ax.xaxis.get_offset_text().set_fontsize(7)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the legend above the panels
     return fig
 
 
-def error_by_step_figure(model: pd.DataFrame, baseline: pd.DataFrame | None = None):
+def _window_start(origin: pd.Timestamp, reconstruction: bool) -> str:
+    """How a panel or figure title names its window: by the forecast origin, or where it starts."""
+    return f"window from {origin:%Y-%m-%d %H:%M}" if reconstruction else f"origin {origin:%Y-%m-%d %H:%M}"
+
+
+def _concise_dates(axis) -> None:
+    """Date ticks that fit: a few per axis, each label only what changes (`10:30`, with the date once
+    in the offset text), as matplotlib's ConciseDateFormatter writes them."""
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=6)
+    axis.set_major_locator(locator)
+    axis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+
+
+def error_by_step_figure(
+    model: pd.DataFrame, baseline: pd.DataFrame | None = None, reconstruction: bool = False
+):
     """Mean absolute error (original units) against the step, one line per variable (and baseline).
 
-    model, baseline: `export.mae_by_step` tables (columns variable, step, mae)."""
+    model, baseline: `export.mae_by_step` tables (columns variable, step, mae); `reconstruction`: the
+    steps are positions in a reconstructed window (from 0), not steps ahead of a forecast origin."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for var, group in model.groupby("variable", sort=False):
-        line = ax.plot(group.step, group.mae, label=f"{var} model")[0]
+        line = ax.plot(group.step, group.mae, label=f"{var}: model")[0]
         if baseline is not None:
             b = baseline[baseline.variable == var]
-            ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{var} baseline")
-    ax.set_xlabel("step")
-    ax.set_ylabel("MAE (original units)")
-    ax.legend(fontsize=7)
+            ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{var}: naive baseline")
+    steps = "position in the window (steps from its start)" if reconstruction else "steps ahead of the origin"
+    ax.set_xlabel(steps)
+    ax.set_ylabel("mean absolute error\n(original units)")
+    ax.set_title("Error of the test windows by step", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -77,6 +116,7 @@ def error_by_step_figure(model: pd.DataFrame, baseline: pd.DataFrame | None = No
 def attention_figure(task, datamodule, window: int | None = None):
     """The attention maps of every layer and head while `task` forecasts one test window (default:
     the middle one), as in evaluation (`WindowTask.attention_maps`); see `attention_maps_figure`.
+    The tokens are labelled with the times they stand for (`_token_times`).
 
     With channel independence the network sees one series per target channel: the maps shown are
     those of the first target's series.
@@ -86,48 +126,111 @@ def attention_figure(task, datamodule, window: int | None = None):
     batch = {k: v.to(task.device) for k, v in default_collate([dataset[index]]).items()}
     maps = {name: weights[0] for name, weights in task.attention_maps(batch).items()}  # (H, Tq, Tk) each
     info = datamodule.window_info("test").iloc[index]
-    title = (
-        f"{task.family}: attention in test window {index} (series {info.series_id}, "
-        f"origin {pd.Timestamp(info.origin_time):%Y-%m-%d %H:%M})"
-    )
+    origin = pd.Timestamp(info.origin_time)
+    when = _window_start(origin, reconstruction=datamodule.horizon == 0)
+    title = f"{task.family}: attention in test window {index} (series {info.series_id}, {when})"
     if task.options.channel_independent:
         title += f"\nthe series of {task.target_names[0]} (channel-independent: one series per target)"
-    return attention_maps_figure(maps, title)
+    times = {name: _token_times(task, datamodule, name, w.shape[-2:], origin) for name, w in maps.items()}
+    return attention_maps_figure(maps, title, times)
 
 
-def attention_maps_figure(maps: dict, title: str = ""):
+def _token_times(task, datamodule, name: str, shape: tuple[int, int], origin: pd.Timestamp):
+    """(query times, key times) of the layer `name`'s map of `shape` (Tq, Tk): the time of the step
+    each token stands for (a patch: its first step), None for an axis whose tokens are not recognised.
+
+    Tokens lie on the window's steps (0 .. N-1 the history, N .. N+M-1 the future; a reconstruction's
+    window is its N steps): the encoder's are the history (with future known covariates: then the
+    future), the encoder-decoder's decoder's the future, the decoder-only's the N+M-1 steps it is fed.
+    """
+    N, M = datamodule.context_len, datamodule.horizon
+    first = origin - (N - 1) * datamodule.freq if M > 0 else origin  # the window's first step
+    match = LAYER_NAME.search(name)
+    by_count = {N: np.arange(N), N + M: np.arange(N + M), N + M - 1: np.arange(N + M - 1)}
+    patch_len = task.hparams.get("patch_len")
+    if patch_len and (match is None or match["stack"] == "encoder" or match["kind"] == "cross"):
+        stride = task.hparams.get("patch_stride") or patch_len
+        by_count = {n_patches(N, patch_len, stride): np.arange(n_patches(N, patch_len, stride)) * stride}
+
+    def steps(n: int, is_query: bool):
+        in_decoder = (
+            match is not None and match["stack"] == "decoder" and (is_query or match["kind"] == "self")
+        )
+        if task.family == "enc_dec" and in_decoder and n == M:
+            return N + np.arange(M)  # the decoder's tokens: one per future step
+        return by_count.get(n)
+
+    return tuple(
+        None if (s := steps(n, is_query)) is None else first + s * datamodule.freq
+        for n, is_query in ((shape[0], True), (shape[1], False))
+    )
+
+
+def attention_maps_figure(maps: dict, title: str = "", token_times: dict | None = None):
     """A grid of attention maps: one row per layer, one column per head.
 
     maps: `{layer name: (H, Tq, Tk)}` weights, names as `WindowTask.attention_maps` gives them
     (`encoder.blocks.0.self_attn`, `decoder.blocks.1.cross_attn`, ...). Rows of a map are queries,
-    columns keys (in cross-attention, the encoder's memory tokens). Each panel has its own colour
-    scale from 0, square-root (a causal map's first rows hold weights near 1, the later ones spread
-    thin), so that the structure of every row and of weak heads shows.
+    columns keys (in cross-attention, the encoder's memory tokens). token_times: `{layer name:
+    (query times, key times)}`, either None where the tokens are only numbered.
+
+    The heads of a layer share one linear colour scale, with its colour bar: from 0 to the 99th
+    percentile of the layer's weights (the few above it, such as a causal map's first query, which
+    can only attend to itself, show in the top colour), so that heads compare and the rows that
+    spread their weight thin still show their structure.
     """
     if not maps:
         raise ValueError("no attention maps: the model has no attention layer that ran")
     n_heads = max(w.shape[0] for w in maps.values())
     fig, axes = plt.subplots(
-        len(maps), n_heads, figsize=(2.3 * n_heads + 0.5, 2.3 * len(maps) + 0.6), squeeze=False
+        len(maps), n_heads, figsize=(2.6 * n_heads + 1.2, 2.5 * len(maps) + 0.7), squeeze=False,
+        layout="constrained",  # leaves room for the colour bars
     )
     for row, (name, weights) in enumerate(maps.items()):
         weights = weights.detach().float().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)
         label, keys = _layer_label(name)
+        query_times, key_times = (token_times or {}).get(name) or (None, None)
+        vmax = max(float(np.percentile(weights, 99)), 1e-12)
+        image = None
         for head in range(n_heads):
             ax = axes[row, head]
             if head >= weights.shape[0]:
                 ax.axis("off")
                 continue
-            norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(float(weights[head].max()), 1e-12))
-            ax.imshow(weights[head], norm=norm, cmap="viridis", aspect="auto", interpolation="nearest")
+            image = ax.imshow(
+                weights[head], vmin=0.0, vmax=vmax, cmap="viridis", aspect="auto", interpolation="nearest"
+            )
             ax.set_title(f"{label} · head {head + 1}", fontsize=7)
-            ax.set_xlabel(keys, fontsize=6)
-            ax.set_ylabel("query token", fontsize=6)
+            _token_axis(ax.xaxis, key_times, keys)
+            _token_axis(ax.yaxis, query_times, "query token")
             ax.tick_params(labelsize=6)
+        clipped = "max" if weights.max() > vmax else "neither"  # an arrow on the bar: some weights lie above
+        bar = fig.colorbar(image, ax=axes[row, :].tolist(), extend=clipped)
+        bar.set_label("attention weight", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     return fig
+
+
+def _token_axis(axis, times, tokens: str) -> None:
+    """A few ticks on a map's token axis, written as the tokens' times (`times`, one per token) or numbers."""
+    axis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+    label = f"{tokens} number"
+    if times is not None:
+        label = f"{tokens} time"
+        times = pd.DatetimeIndex(times)
+        same_day = times[0].normalize() == times[-1].normalize()
+        fmt = "%H:%M" if same_day else "%m-%d %H:%M"
+
+        def at(x, _):
+            i = round(x)
+            return times[i].strftime(fmt) if 0 <= i < len(times) else ""
+
+        axis.set_major_formatter(FuncFormatter(at))
+        if same_day:
+            label += f" ({times[0]:%Y-%m-%d})"
+    axis.set_label_text(label, fontsize=6)
 
 
 def _layer_label(name: str) -> tuple[str, str]:
@@ -138,6 +241,8 @@ def _layer_label(name: str) -> tuple[str, str]:
         return name, "key token"
     label = f"{match['stack']} {int(match['index']) + 1} {match['kind']}"
     return label, "memory token" if match["kind"] == "cross" else "key token"
+
+
 def fan_chart_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4):
     """Probabilistic forecasts of a few test windows: the median, the central 50% and 80% bands
     (columns q0.25-q0.75 and q0.1-q0.9 of `forecasts`), the actuals and the context before the origin.
@@ -151,9 +256,10 @@ def fan_chart_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: 
         raise ValueError(f"a fan chart needs the quantile columns {needed}; missing {missing}")
 
     def draw(ax, w):
-        ax.fill_between(w.target_time, w["q0.1"], w["q0.9"], color="tab:blue", alpha=0.2, lw=0, label="80%")
-        ax.fill_between(w.target_time, w["q0.25"], w["q0.75"], color="tab:blue", alpha=0.35, lw=0, label="50%")
-        ax.plot(w.target_time, w["q0.5"], color="tab:blue", lw=1.2, label="median")
-        ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="actual")
+        band = {"color": "tab:blue", "lw": 0}
+        ax.fill_between(w.target_time, w["q0.1"], w["q0.9"], alpha=0.2, label="80% band", **band)
+        ax.fill_between(w.target_time, w["q0.25"], w["q0.75"], alpha=0.35, label="50% band", **band)
+        ax.plot(w.target_time, w["q0.5"], color="tab:blue", lw=1.2, label="forecast median")
+        ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="measured")
 
     return _window_grid(forecasts, history, n_windows, draw)

@@ -21,6 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
+MODEL_NAME = "model"  # the run's logged pyfunc model: runs:/<run id>/model
+# MLflow's experiment tag for what an experiment is for: model training, not a GenAI app
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
 
 def absolute_sqlite_uri(uri: str | None) -> str | None:
     """`sqlite:///mlflow.db` -> `sqlite:////abs/path/mlflow.db`, anchored to the current folder now.
@@ -159,8 +163,11 @@ def git_commit() -> str:
 
 
 def start_run(logger: MLFlowLogger, cfg: DictConfig, tags: dict[str, str]) -> str:
-    """Create the run now (so a failure later still has a run to mark), log config and tags."""
+    """Create the run now (so a failure later still has a run to mark), log config and tags; mark its
+    experiment as one of model training, unless it says already what it is for."""
     client, run_id = logger.experiment, logger.run_id
+    if EXPERIMENT_KIND_TAG not in client.get_experiment(logger.experiment_id).tags:
+        client.set_experiment_tag(logger.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     logger.log_hyperparams(resolved)  # flattened by Lightning: "model/net/d_model" etc.
     client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
@@ -263,18 +270,20 @@ def log_pyfunc_model(
     example_output,
     registry_name: str | None = None,
 ) -> str:
-    """Log the run's model folder as an MLflow pyfunc model at `model`; register it when named.
+    """Log the run's model folder as the run's MLflow pyfunc model `model`; register it when named.
 
+    MLflow 3's model logging (`pyfunc.log_model`'s path, `Model.log`) makes it a "logged model" of
+    the run: listed on the run's page and the experiment's Models tab, found at `runs:/<run id>/model`
+    (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
     A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
     nothing and needs no Hydra config. The signature is inferred from an example table and its
     forecasts (a parameter `origin`, empty by default). Returns the model URI.
     """
-    import tempfile
     import warnings
     from importlib.metadata import PackageNotFoundError, version
 
     import mlflow
-    from mlflow.models import infer_signature
+    from mlflow.models import Model, infer_signature
 
     import tsformer
     from tsformer import mlflow_model
@@ -289,29 +298,30 @@ def log_pyfunc_model(
         except PackageNotFoundError:
             requirements.append(package)
     client, run_id = logger.experiment, logger.run_id
-    with tempfile.TemporaryDirectory() as tmp, restore_env("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):
-        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # save_model copies with a bar per file
-        path = Path(tmp) / "model"
-        mlflow.pyfunc.save_model(
-            path=str(path),
+    # Created here in the run's experiment: MLflow's model logging, given a run that is not its active
+    # (fluent) run, would put the model into its default experiment. The run's params, as MLflow copies them.
+    model = client.create_logged_model(
+        logger.experiment_id, name=MODEL_NAME, source_run_id=run_id, params=client.get_run(run_id).data.params
+    )
+    with restore_env("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # logging copies with a bar per file
+        mlflow.set_tracking_uri(client.tracking_uri)  # Model.log's client: the run's database or server
+        info = Model.log(  # what mlflow.pyfunc.log_model runs, with the run and the model given
+            artifact_path=None,  # MLflow 3: the model is named, not placed among the run's artifacts
+            name=MODEL_NAME,
+            flavor=mlflow.pyfunc,
+            run_id=run_id,
+            model_id=model.model_id,
             python_model=mlflow_model.__file__,
             artifacts={"model_folder": str(model_folder)},
             code_paths=[str(Path(tsformer.__file__).parent)],
             signature=signature,
             input_example=example_input,  # shown in the MLflow UI: the table layout a user must give
             pip_requirements=requirements,
+            registered_model_name=registry_name,
         )
-        client.log_artifacts(run_id, str(path), "model")
-    uri = f"runs:/{run_id}/model"
-    if registry_name:
-        try:
-            client.get_registered_model(registry_name)
-        except mlflow.exceptions.MlflowException:
-            client.create_registered_model(registry_name)
-        run = client.get_run(run_id)
-        version_ = client.create_model_version(
-            registry_name, source=f"{run.info.artifact_uri}/model", run_id=run_id
-        )
-        log.info("registered %s as models:/%s/%s", uri, registry_name, version_.version)
-        uri = f"models:/{registry_name}/{version_.version}"
-    return uri
+    if info.registered_model_version is not None:
+        uri = f"models:/{registry_name}/{info.registered_model_version}"
+        log.info("registered the run's model as %s", uri)
+        return uri
+    return f"runs:/{run_id}/{MODEL_NAME}"

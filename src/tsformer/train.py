@@ -353,11 +353,12 @@ def _log_outputs(logger, cfg, datamodule, outputs: dict, forecast_files: list, b
 
     shown = _plot_windows(len(outputs["pred"]), cfg.n_plot_windows)
     windows = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], windows=shown)
-    fig = forecast_windows_figure(windows, _history(datamodule), cfg.n_plot_windows)
+    reconstruction = datamodule.horizon == 0  # the figures say "reconstruction", not "forecast"
+    fig = forecast_windows_figure(windows, _history(datamodule), cfg.n_plot_windows, reconstruction)
     tracking.log_figure(logger, fig, "plots/test_windows.png")
     model_mae = mae_by_step(datamodule, outputs["pred"], outputs["true"], outputs["valid"])
     baseline_mae = mae_by_step(datamodule, outputs["baseline"], outputs["true"], outputs["valid"])
-    fig = error_by_step_figure(model_mae, baseline_mae)
+    fig = error_by_step_figure(model_mae, baseline_mae, reconstruction)
     tracking.log_figure(logger, fig, "plots/error_by_step.png")
 
 
