@@ -154,7 +154,6 @@ def bad_inputs(origin: pd.Timestamp, horizon: int) -> dict:
     cases["too few future rows"] = (t, ["series 0", f"horizon={horizon}", "ambient_temperature"])
     t = base.iloc[::2]  # every other minute: a different frequency
     cases["other frequency"] = (t, ["series 0", "0 days 00:02:00", "freq 'min'"])
-    cases["unknown column"] = (base.assign(wind=1.0), ["unknown column", "'wind'"])
     cases["missing column"] = (base.drop(columns="supply_voltage"), ["missing column", "supply_voltage"])
     t = base.groupby("series_id").tail(horizon + 5)
     cases["too little history"] = (t, ["too little history", "series 0", "5 row(s)", str(origin)])
