@@ -143,17 +143,24 @@ def test_times_with_two_utc_offsets_across_a_dst_change_become_utc(tmp_path):
     assert dm.freq.freqstr == "h"
 
 
+EURO_CSV = {"sep": ";", "decimal": ",", "encoding": "latin-1"}
+
+
 def european_csv(path, df: pd.DataFrame) -> None:
     """As a German spreadsheet saves it: semicolons, decimal commas, Latin-1."""
     df.to_csv(path, index=False, sep=";", decimal=",", encoding="latin-1")
 
 
+def temperatures() -> pd.DataFrame:
+    """A target whose name is not ASCII and whose values have decimals: 0.25, 1.25, ..."""
+    return hourly().rename(columns={"y": "température"}).assign(température=lambda d: d.température + 0.25)
+
+
 def test_csv_options_read_semicolons_decimal_commas_and_latin_1(tmp_path):
     path = tmp_path / "euro.csv"
-    df = hourly().rename(columns={"y": "température"})
-    df["température"] += 0.25
+    df = temperatures()
     european_csv(path, df)
-    dm = make_dm(str(path), target_cols=["température"], csv={"sep": ";", "decimal": ",", "encoding": "latin-1"})
+    dm = make_dm(str(path), target_cols=["température"], csv=EURO_CSV)
     dm.setup()
     np.testing.assert_array_equal(dm.frame["température"].sort_index(), df["température"])
 
@@ -169,7 +176,7 @@ def test_csv_options_read_semicolons_decimal_commas_and_latin_1(tmp_path):
 )
 def test_a_csv_written_another_way_names_the_option_to_set(options, words, tmp_path):
     path = tmp_path / "euro.csv"
-    european_csv(path, hourly().rename(columns={"y": "température"}).assign(température=lambda d: d.température + 0.25))
+    european_csv(path, temperatures())
     message = setup_error(str(path), target_cols=["température"], csv=options)
     for word in [str(path), *words]:
         assert word in message, (word, message)
@@ -236,8 +243,6 @@ def test_messages_print_values_as_in_the_file(tmp_path):
 
 # -- prediction reads the table as training did ---------------------------------------------------------
 
-EURO_CSV = {"sep": ";", "decimal": ",", "encoding": "latin-1"}
-
 
 def plant_in_march() -> pd.DataFrame:
     """The tiny plant of TINY, moved to 5 March: its dd/mm dates also read as 3 May."""
@@ -279,7 +284,8 @@ def test_predict_py_reads_the_table_as_training_did(european_run, tmp_path):
     assert config["data"]["time_format"] == DAY_FIRST and config["data"]["csv"] == EURO_CSV
     table, origin = prediction_table(european_run)
     european_table(table, tmp_path / "new.csv")
-    assert predict_main([str(european_run.model_folder), str(tmp_path / "new.csv"), "-o", str(tmp_path / "a.csv")]) == 0
+    args = [str(european_run.model_folder), str(tmp_path / "new.csv"), "-o", str(tmp_path / "a.csv")]
+    assert predict_main(args) == 0
     out = pd.read_csv(tmp_path / "a.csv", parse_dates=["origin_time"])
     assert (out.origin_time == origin).all() and len(out) == 2 * 70 * 2
 
@@ -301,8 +307,8 @@ def test_predict_asks_for_the_time_format_of_ambiguous_dates(european_run, tmp_p
     assert Forecaster.load(old).contract.time_format is None
     table, origin = prediction_table(european_run)
     european_table(table, tmp_path / "new.csv")
-    args = [str(old), str(tmp_path / "new.csv"), "-o", str(tmp_path / "out.csv"), *[
-        f"--{k}={v}" for k, v in EURO_CSV.items()]]
+    csv_flags = [f"--{k}={v}" for k, v in EURO_CSV.items()]
+    args = [str(old), str(tmp_path / "new.csv"), "-o", str(tmp_path / "out.csv"), *csv_flags]
     assert predict_main(args) == 2
     error = capsys.readouterr().err
     for words in ["new.csv", "day-first and month-first", "--time-format", f"'{DAY_FIRST}'"]:
