@@ -102,7 +102,7 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
     cli = subprocess.run(
         [sys.executable, str(REPO / "predict.py"), result.run_id, str(tmp_path / "new.csv"),
          "--output", str(tmp_path / "cli.csv")],
-        cwd=folder, capture_output=True, text=True, timeout=300, env=env,
+        check=False, cwd=folder, capture_output=True, text=True, timeout=300, env=env,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert "forecasts CSV:" in cli.stdout
@@ -110,7 +110,7 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
     for name, model_uri in [("runs", f"runs:/{result.run_id}/model"), ("registry", "models:/tiny-enc_dec/1")]:
         proc = subprocess.run(
             [sys.executable, "-c", PYFUNC_SCRIPT, uri, model_uri, str(tmp_path / "new.csv"), str(tmp_path / f"{name}.csv")],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+            check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -135,7 +135,8 @@ def test_predict_py_takes_a_run_folder_and_reports_bad_input(trained, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "predict.py"), str(folder / "out"), str(tmp_path / "bad.csv"), "-o",
          str(tmp_path / "out.csv")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 2
     assert "supply_voltage" in proc.stderr and "series 1" in proc.stderr
@@ -154,7 +155,6 @@ def bad_inputs(origin: pd.Timestamp, horizon: int) -> dict:
     cases["too few future rows"] = (t, ["series 0", f"horizon={horizon}", "ambient_temperature"])
     t = base.iloc[::2]  # every other minute: a different frequency
     cases["other frequency"] = (t, ["series 0", "0 days 00:02:00", "freq 'min'"])
-    cases["unknown column"] = (base.assign(wind=1.0), ["unknown column", "'wind'"])
     cases["missing column"] = (base.drop(columns="supply_voltage"), ["missing column", "supply_voltage"])
     t = base.groupby("series_id").tail(horizon + 5)
     cases["too little history"] = (t, ["too little history", "series 0", "5 row(s)", str(origin)])

@@ -2,8 +2,9 @@
 
 Training writes the folder with `save_model_folder` (train.py does it for every run):
 - `tsformer.json`: the task class and its hyperparameters (network sizes, window), the data contract
-  (time, series, target, known-future and past-only columns, frequency, calendar features) and the
-  scalers fitted on the train rows, as plain numbers;
+  (time, series, target, known-future and past-only columns, frequency, calendar features, how the
+  training file was written: time format, CSV options) and the scalers fitted on the train rows, as
+  plain numbers;
 - `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
 Nothing in it is pickled Python and nothing refers to Hydra or to `conf/`: `Forecaster.load(folder)`
 needs only the installed package.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,8 @@ class DataContract:
     static_vocabularies: dict[str, list[str]] = field(default_factory=dict)  # categories seen in training
     fill: str | None = None  # data.fill: how short gaps are closed (None: a gap is an error here)
     max_fill_steps: int = 0
+    time_format: str | None = None  # data.time_format: strftime format of text times (None: inferred)
+    csv: dict = field(default_factory=dict)  # data.csv: pandas.read_csv options of the training file
 
     @classmethod
     def from_dict(cls, d: dict) -> DataContract:
@@ -107,6 +110,7 @@ class DataContract:
             freq=self.freq,
             static_cols=self.static_cols,
             static_categorical_cols=self.static_categorical_cols,
+            time_format=self.time_format,
         )
 
     @property
@@ -149,6 +153,8 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         static_vocabularies=dict(datamodule.static_vocabularies),
         fill=datamodule.fill,
         max_fill_steps=datamodule.max_fill_steps,
+        time_format=datamodule.schema.time_format,
+        csv=dict(datamodule.csv),
     )
     task_class = type(task)
     config = {
@@ -211,10 +217,13 @@ class Forecaster:
 
     # -- prediction -------------------------------------------------------------------------------
 
-    def predict(self, table: pd.DataFrame, origin=None, source: str = "input table") -> pd.DataFrame:
-        """Forecasts of every series in `table` (see the module docstring), original units."""
+    def predict(self, table: pd.DataFrame, origin=None, source: str = "input table",
+                time_format: str | None = None) -> pd.DataFrame:
+        """Forecasts of every series in `table` (see the module docstring), original units.
+
+        `time_format`: strftime format of the table's text times, by default the training data's."""
         c = self.contract
-        clean = self._validate(table, source)
+        clean = self._validate(table, source, time_format or c.time_format)
         origin = None if origin is None else pd.Timestamp(origin)
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
         for sid, rows in _series_positions(clean, c).items():
@@ -235,17 +244,13 @@ class Forecaster:
         q = np.moveaxis(c.target_scaler.inverse(np.moveaxis(q, -1, -2)), -2, -1)  # original units (positive scale)
         return with_quantile_columns(frame, q[self._kept(windows, pred.shape[1])], levels)
 
-    def _validate(self, table: pd.DataFrame, source: str) -> pd.DataFrame:
+    def _validate(self, table: pd.DataFrame, source: str, time_format: str | None) -> pd.DataFrame:
+        """The table checked as in training (columns without a role are ignored, as there)."""
         c = self.contract
-        unknown = [col for col in table.columns if col not in c.columns]
-        if unknown:
-            raise DataValidationError(
-                f"{source}: unknown column(s) {unknown}; the model was trained on the columns {c.columns} "
-                f"(targets {c.target_cols}, known-future {c.known_cols}, past-only {c.observed_cols})"
-            )
         if c.horizon == 0:  # reconstruction rebuilds what is not measured: the targets may be left out
-            table = table.assign(**{col: np.nan for col in c.target_cols if col not in table.columns})
-        schema = c.schema
+            stripped = {str(col).strip() for col in table.columns}
+            table = table.assign(**{col: np.nan for col in c.target_cols if col.strip() not in stripped})
+        schema = replace(c.schema, time_format=time_format)
         # every value cell may be empty here; which ones must be filled depends on the window (below)
         clean = schema.validate(table, source, may_be_empty=set(schema.value_cols))
         if c.fill is not None:  # as in training; targets are filled only between observed values

@@ -9,6 +9,8 @@ then rows for the future steps with the target cells empty and the known-future 
 (see `tsformer.forecaster`). The forecasts CSV has the columns of training's export and is written
 atomically. MLflow is only used to fetch the model; the tracking URI is `--tracking-uri`, else
 `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the current folder, as in training.
+DATA is read as the training data was (its time format and CSV separator, decimal mark and encoding
+are kept in the model folder) unless `--time-format`, `--sep`, `--decimal` or `--encoding` say otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
-from tsformer.data.sources import load_table
+from tsformer.data.sources import CSV_OPTIONS, load_table
 from tsformer.export import write_csv
 from tsformer.forecaster import CONFIG_FILE, Forecaster
 
@@ -75,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin", help="forecast from this time for every series (default: each "
                         "series' last row with all targets observed); later targets are ignored")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    parser.add_argument("--time-format", help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
+                        "(default: the training data's data.time_format)")
+    for option in CSV_OPTIONS:
+        parser.add_argument(f"--{option}", help=f"pandas.read_csv {option} of a CSV DATA file "
+                            f"(default: the training data's data.csv.{option})")
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -82,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             forecaster = Forecaster.load(resolve_model(args.model, args.tracking_uri, Path(tmp)))
-        table = load_table(args.data)
-        forecasts = forecaster.predict(table, origin=args.origin, source=str(args.data))
+        flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
+        table = load_table(args.data, **{**forecaster.contract.csv, **flags})
+        forecasts = forecaster.predict(
+            table, origin=args.origin, source=str(args.data), time_format=args.time_format
+        )
     except (DataValidationError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """One LightningDataModule for any tabular time series: table -> checks -> split -> scalers -> windows.
 
 Data flow in `setup`:
-1. read the source (CSV/Parquet path, or a DataFrame such as the simulated plant) and validate it;
+1. read the source (CSV/Parquet path, or a DataFrame such as the simulated plant) and validate it
+   (`csv`: options for pandas' CSV reader, `time_format`: how text times are written);
 2. split chronologically on the shared time axis: cut-off timestamps `val_start` and `test_start`
    (explicit, or from the fractions of distinct timestamps), the same calendar time for every series;
 3. look for absurd values in the train rows (`outliers.py`; `outliers`: warn | error | ignore), then
@@ -45,6 +46,7 @@ from tsformer.data.schema import (
     describe_row,
     find_segments,
     fixed_step,
+    plain,
     resolve_freq,
     series_ids,
 )
@@ -54,6 +56,11 @@ from tsformer.data.windows import WindowDataset, target_span, window_starts
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+
+
+def _step_name(step: np.timedelta64) -> str:
+    """A step as a pandas frequency alias: '10min', 'h'."""
+    return to_offset(pd.Timedelta(step)).freqstr
 
 
 def static_codes(values, vocabulary: list[str]) -> np.ndarray:
@@ -156,6 +163,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         fill: str | None = None,
         max_fill_steps: int = 3,
         outliers: str = "warn",
+        time_format: str | None = None,
+        csv: dict | None = None,
     ):
         super().__init__()
         self.source = source
@@ -169,7 +178,10 @@ class TimeSeriesDataModule(L.LightningDataModule):
             freq=freq,
             static_cols=static_cols,
             static_categorical_cols=static_categorical_cols,
+            time_format=time_format,
         )
+        # pandas.read_csv options for a CSV source (sep, decimal, encoding): kept for prediction too
+        self.csv = {str(k): v for k, v in (csv or {}).items()}
         self.calendar = [str(f) for f in calendar_features]
         self.context_len, self.horizon = int(context_len), int(horizon)
         if self.context_len < 1 or self.horizon < 0:
@@ -262,10 +274,10 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if self.datasets:
             return
         source = self.source_name
-        raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source)
-        clean = self.schema.validate(raw, source)
+        raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
+        clean = self.schema.validate(raw, source, extra_cols=self.extra_cols)
         if self.extra_cols:
-            clean = clean.join(self._extra_columns(raw, source))  # aligned on the row number
+            clean[self.extra_cols] = clean[self.extra_cols].apply(pd.to_numeric, errors="coerce")
         self._freq = resolve_freq(clean, self.schema, source)
         step = fixed_step(self._freq, source)
         filled = np.zeros(len(clean), dtype=bool)
@@ -331,16 +343,6 @@ class TimeSeriesDataModule(L.LightningDataModule):
             log.info(
                 "%s: %-5s %8d rows %8d windows", source, split, rows_per_split[split], self.n_windows(split)
             )
-
-    def _extra_columns(self, raw: pd.DataFrame, source: str) -> pd.DataFrame:
-        """The `extra_cols` of the raw table as numbers, indexed by row number like the validated frame."""
-        raw = raw.reset_index(drop=True)
-        missing = [c for c in self.extra_cols if c not in raw.columns]
-        if missing:
-            raise DataValidationError(
-                f"{source}: missing extra column(s) {missing}; the columns present are {list(raw.columns)}"
-            )
-        return raw[self.extra_cols].apply(pd.to_numeric, errors="coerce")
 
     def _split_window_starts(self, segments, times, cut_lo, cut_hi, stride) -> np.ndarray:
         """Start rows of the windows whose targets lie in [cut_lo, cut_hi), segment after segment."""
@@ -431,6 +433,43 @@ class TimeSeriesDataModule(L.LightningDataModule):
             f"{source}: split '{split}' (column '{self.schema.time_col}') has no complete window: "
             f"it has {n_rows} row(s){where}, and one window (context_len={self.context_len}, "
             f"horizon={self.horizon}) needs {need}, all in one gap-free run of a series"
+            f"{self._step_change(source, in_split, clean)}"
+        )
+
+    def _step_change(self, source, in_split: np.ndarray, clean) -> str:
+        """Where a split's rows are mostly not one frequency step apart (so that each step is a gap):
+        the row at which the step between rows changes, from what to what. '' otherwise."""
+        times, ids = self._times, self._series
+        steps = times[1:] - times[:-1]  # steps[k]: from row k to row k + 1 (positions in `clean`)
+        within = ids[1:] == ids[:-1]
+        in_split_steps = within & in_split[1:]
+        if not in_split_steps.any():
+            return ""
+        values, counts = np.unique(steps[in_split_steps], return_counts=True)
+        common = values[np.argmax(counts)]
+        if common == fixed_step(self._freq).to_timedelta64():
+            return ""
+
+        def same_run(k: int) -> bool:
+            return 0 <= k < len(steps) and within[k] and steps[k] == common
+
+        # the run of `common` steps that holds the split's first one; the change is at one of its ends
+        first = last = int(np.flatnonzero(in_split_steps & (steps == common))[0])
+        while same_run(first - 1):
+            first -= 1
+        while same_run(last + 1):
+            last += 1
+        if first > 0 and within[first - 1]:
+            before, after, at = steps[first - 1], common, first + 1
+        elif last + 1 < len(steps) and within[last + 1]:
+            before, after, at = common, steps[last + 1], last + 2
+        else:
+            return f"; its rows are {_step_name(common)} apart, not {self._freq.freqstr} (the frequency)"
+        series = f", series {plain(ids[at])!r}" if self.schema.series_col else ""
+        return (
+            f"; the step between rows changes from {_step_name(before)} to {_step_name(after)} at "
+            f"{describe_row(source, int(clean.index[at]))}, time {pd.Timestamp(times[at])}{series}, "
+            f"and the frequency is {self._freq.freqstr}: resample the data to one step"
         )
 
     # -- loaders ----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Reading users' tables from disk (CSV or Parquet) as raw DataFrames; checking is left to the schema.
 
 The CSV reader keeps every cell as pandas reads it (no date parsing, no type coercion), so that
-`SeriesSchema.validate` can still point at the exact cell that is wrong.
+`SeriesSchema.validate` can still point at the exact cell that is wrong. CSV files written in other
+conventions (semicolons, decimal commas, Latin-1) are read with pandas' own options (`CSV_OPTIONS`);
+a file that only reads with other options gets an error naming the setting to change.
 """
 
 from __future__ import annotations
@@ -11,13 +13,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from tsformer.data.schema import DataValidationError
+from tsformer.data.schema import DataValidationError, setting_name
 
 READERS = {".csv": pd.read_csv, ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
+# pandas.read_csv options a user sets for a CSV file (data.csv.<name>, predict.py --<name>)
+CSV_OPTIONS = ("sep", "decimal", "encoding")
+# what a header read as a single column shows when the file is separated by something else
+OTHER_SEPARATORS = (";", "\t", "|", ",")
 
 
-def load_table(path) -> pd.DataFrame:
-    """Read a .csv or .parquet file into a DataFrame (row i of the frame = data row i of the file)."""
+def load_table(path, **csv_options) -> pd.DataFrame:
+    """Read a .csv or .parquet file into a DataFrame (row i of the frame = data row i of the file).
+
+    `csv_options` (any of `CSV_OPTIONS`; None = pandas' default) are passed to pandas.read_csv for a
+    CSV file; Parquet files carry their own types and ignore them.
+    """
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
@@ -28,10 +38,29 @@ def load_table(path) -> pd.DataFrame:
         raise DataValidationError(
             f"{path}: unknown file type {path.suffix!r}; supported: {', '.join(sorted(READERS))}"
         )
+    unknown = sorted(set(csv_options) - set(CSV_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown CSV option(s) {unknown}; supported: {list(CSV_OPTIONS)}")
+    options = {k: v for k, v in csv_options.items() if v is not None} if reader is pd.read_csv else {}
     try:
-        return reader(path)
+        table = reader(path, **options)
+    except UnicodeDecodeError as err:
+        raise DataValidationError(
+            f"{path}: not {err.encoding} text (byte {err.object[err.start]:#04x} at byte {err.start}); "
+            f"set the file's encoding with {setting_name('csv.encoding')}, e.g. 'latin-1' or 'cp1252'"
+        ) from err
     except (ValueError, OSError, pd.errors.ParserError) as err:
         raise DataValidationError(f"{path}: cannot be read as {path.suffix} ({err})") from err
+    if reader is pd.read_csv and len(table.columns) == 1:
+        header = str(table.columns[0])
+        separator = options.get("sep", ",")
+        found = [s for s in OTHER_SEPARATORS if s != separator and s in header]
+        if found:
+            raise DataValidationError(
+                f"{path}: the header reads as one column {header!r}, separated by {found[0]!r} rather than "
+                f"{separator!r}; set {setting_name('csv.sep')} to {found[0]!r}"
+            )
+    return table
 
 
 # Relative data paths are also looked up here, so that train.py finds the data from any folder.
