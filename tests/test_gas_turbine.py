@@ -6,6 +6,7 @@ Skipped where the files are absent: they are never in the repository, only besid
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,17 @@ def test_each_year_file_is_looked_up_in_every_folder(tmp_path):
     df = load_gas_turbine([first, DATA])
     counts = df.time.dt.year.value_counts().to_dict()
     assert counts == {**ROWS_PER_YEAR, 2011: 5}  # 2011 from the first folder, the others from the next
+
+
+def test_column_names_with_spaces_around_them_are_read(tmp_path, caplog):
+    """A year file whose header says 'AFDP ' (as one real copy does) loads; the rename is logged."""
+    values = {c: [float(i), float(i) + 1.0] for i, c in enumerate(COLUMNS)}
+    pd.DataFrame(values).rename(columns={"AFDP": "AFDP ", "CO": " CO"}).to_csv(tmp_path / "gt_2011.csv", index=False)
+    with caplog.at_level(logging.INFO, logger="tsformer.data.gas_turbine"):
+        frame = load_gas_turbine(tmp_path, years=[2011])
+    assert list(frame.columns) == ["time", "series_id", *COLUMNS]
+    assert frame["AFDP"].tolist() == values["AFDP"] and frame["CO"].tolist() == values["CO"]
+    assert "AFDP " in caplog.text
 
 
 def test_missing_year_file_lists_each_folder_once_with_the_url(monkeypatch):

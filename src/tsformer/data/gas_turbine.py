@@ -12,6 +12,7 @@ import logging
 
 import pandas as pd
 
+from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import find_first
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,14 @@ def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
     for year in years:
         path = find_first(folder, file_name=f"gt_{year}.csv", hint=hint)
         table = pd.read_csv(path)
+        # some copies of the year files carry spaces around a name ('AFDP '): match the names without them
+        padded = {c: c.strip() for c in table.columns if c != c.strip() and c.strip() in COLUMNS}
+        if padded:
+            log.info("%s: column(s) %s read without the spaces around their names", path, list(padded))
+            table = table.rename(columns=padded)
         missing = [c for c in COLUMNS if c not in table.columns]
         if missing:
-            raise ValueError(
+            raise DataValidationError(
                 f"{path}: missing column(s) {missing}; the columns present are {list(table.columns)}"
             )
         start = pd.Timestamp(year=year, month=1, day=1)
