@@ -1,6 +1,7 @@
 """A real tracking server: `mlflow server` (sqlite backend store, artifacts proxied to a local folder)
 started as a subprocess; a run logs to it over HTTP and is read back through the client. A server
-that does not answer stops a run at once, with a message naming the URI and the setting."""
+that does not answer stops a run, and `predict.py` fetching a model, at once, with a message naming
+the URI and the setting; `predict.py` with a run id and no tracking database creates none."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
+from tsformer import predict
+from tsformer.data import simulate_plant
 from tsformer.tracking import TrackingServerUnreachable
 from tsformer.train import compose_config, run
 
@@ -135,3 +138,55 @@ def test_unreachable_server_stops_a_sweep_before_its_first_trial(in_tmp):
     assert f"cannot use the MLflow tracking server at {uri}" in output and "logger.mlflow.tracking_uri" in output
     assert "Launching" not in output  # no trial started
     assert not list((in_tmp / "sweep").glob("*/train.log"))
+
+
+PREDICT_FAILS_WITHIN_S = 15  # the issue's bound; MLflow's default retries took minutes
+
+
+@pytest.fixture
+def new_table(in_tmp) -> str:
+    simulate_plant(n_series=1, n_steps=20, freq="1min", seed=0).to_csv(in_tmp / "new.csv", index=False)
+    return "new.csv"
+
+
+@pytest.mark.parametrize("given_by", ["--tracking-uri", "$MLFLOW_TRACKING_URI"])
+def test_predict_stops_at_once_for_an_unreachable_server(given_by, new_table, in_tmp, monkeypatch, capsys):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    args = ["0123456789abcdef0123456789abcdef", new_table, "--output", "out.csv"]
+    if given_by == "--tracking-uri":
+        args += ["--tracking-uri", uri]
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.perf_counter()
+    assert predict.main(args) == 2
+    assert time.perf_counter() - start < PREDICT_FAILS_WITHIN_S
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot use the MLflow tracking server at {uri}") and err.count("\n") == 1
+    assert f"The URI comes from {given_by}" in err and "give the model folder instead" in err
+    assert sorted(p.name for p in in_tmp.iterdir()) == [new_table]  # no mlflow.db, no forecasts
+
+
+def test_predict_gives_up_on_a_server_that_never_answers(new_table, in_tmp, monkeypatch, capsys):
+    """A port that takes the connection and never answers: the check's own timeout, not MLflow's
+    (120 s a request, retried)."""
+    monkeypatch.setattr("tsformer.tracking.REACHABLE_TIMEOUT_S", 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel accepts connections; nothing reads or answers them
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.perf_counter()
+        args = ["0123456789abcdef0123456789abcdef", new_table, "--output", "out.csv", "--tracking-uri", uri]
+        code = predict.main(args)
+        elapsed = time.perf_counter() - start
+    assert code == 2 and elapsed < PREDICT_FAILS_WITHIN_S
+    err = capsys.readouterr().err
+    assert f"cannot use the MLflow tracking server at {uri}" in err and "timed out" in err
+
+
+def test_predict_with_a_run_id_and_no_database_creates_none(new_table, in_tmp, capsys):
+    assert predict.main(["0123456789abcdef0123456789abcdef", new_table, "--output", "out.csv"]) == 2
+    err = capsys.readouterr().err
+    database = in_tmp / "mlflow.db"
+    assert err.startswith("error: no MLflow tracking database here") and err.count("\n") == 1
+    assert f"sqlite:///{database}" in err and "--tracking-uri" in err
+    assert not database.exists()

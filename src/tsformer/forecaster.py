@@ -7,7 +7,11 @@ Training writes the folder with `save_model_folder` (train.py does it for every 
   plain numbers;
 - `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
 Nothing in it is pickled Python and nothing refers to Hydra or to `conf/`: `Forecaster.load(folder)`
-needs only the installed package.
+needs only the installed package. It checks the folder before using it: every key and type of
+`tsformer.json` (`ModelConfig`), every list whose length follows from the column roles (scaler
+numbers, static vocabularies) and the network's sizes against the data contract, and every weight's
+name and shape against the network; a damaged folder is refused with one line naming the file
+(`ModelFolderError`).
 
 `Forecaster.predict(table)` takes what a user has at forecast time, in the layout of the training
 data: per series the observed history and, after it, rows for the future steps whose target cells are
@@ -24,9 +28,14 @@ windows tile each gap-free run of rows; the last one is aligned to the run's end
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import json
 import logging
+import math
+import types
+import typing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,12 +44,13 @@ import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
 
-from tsformer.data.calendar import calendar_features
+from tsformer.data.calendar import CALENDAR_FEATURES, calendar_feature_names, calendar_features
 from tsformer.data.datamodule import static_codes
 from tsformer.data.forecast_noise import scaler_affine
-from tsformer.data.gaps import fill_gaps
+from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
-from tsformer.export import COLUMNS, with_quantile_columns
+from tsformer.export import COLUMNS, _write_atomically, with_quantile_columns
+from tsformer.tasks.base import WindowTask
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +139,17 @@ class ModelInfo:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class ModelConfig:
+    """`tsformer.json`. A key with a default may be missing (a folder written before it existed)."""
+
+    format_version: int
+    task_class: str  # module.qualname of a tsformer task (a WindowTask subclass)
+    hparams: dict  # the task's constructor arguments
+    data: DataContract
+    info: ModelInfo
+
+
 def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
     folder = Path(folder)
@@ -157,16 +178,17 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         csv=dict(datamodule.csv),
     )
     task_class = type(task)
-    config = {
-        "format_version": FORMAT_VERSION,
-        "task_class": f"{task_class.__module__}.{task_class.__qualname__}",
-        "hparams": _plain(dict(task.hparams)),
-        "data": asdict(contract),
-        "info": asdict(info),
-    }
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    config = ModelConfig(
+        format_version=FORMAT_VERSION,
+        task_class=f"{task_class.__module__}.{task_class.__qualname__}",
+        hparams=_plain(dict(task.hparams)),
+        data=contract,
+        info=info,
+    )
+    # atomically: a run stopped while writing leaves no half-written file behind
+    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(asdict(config), indent=2)))
     state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings
-    torch.save(state, folder / WEIGHTS_FILE)
+    _write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
     return folder
 
 
@@ -181,6 +203,255 @@ def _plain(value):
     return value
 
 
+# -- reading a model folder, checked ----------------------------------------------------------------
+
+RESTORE = (
+    "copy the folder again from the training run (its output folder's model/, or model/artifacts/model "
+    "in its MLflow run) or train again"
+)
+
+
+class ModelFolderError(ValueError):
+    """A model folder that cannot be used as it is; the message names the file and what is wrong."""
+
+
+def _read_config(path: Path) -> dict:
+    """`tsformer.json` parsed and checked against `ModelConfig` (keys, types) and the format version."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{path}: not readable as JSON ({err}): {RESTORE}") from err
+    version = config.get("format_version") if isinstance(config, dict) else None
+    if isinstance(version, int) and version not in (1, FORMAT_VERSION):  # before the keys: another format's
+        raise ModelFolderError(
+            f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION} (and format 1 with "
+            "a point head): train the model again, or load it with the tsformer that wrote it"
+        )
+    _check_json(config, ModelConfig, "", path)
+    head = (config["hparams"].get("head") or {}).get("kind", "point")
+    if version == 1 and head != "point":
+        # format 1 -> 2: distribution heads gained the spread calibration, and the quantile
+        # head's knots are anchored at the median; point-head folders of format 1 are unchanged
+        raise ModelFolderError(
+            f"{path}: model format {version!r} with a {head!r} head, this tsformer reads "
+            f"format {FORMAT_VERSION} (and format 1 with a point head): train the model again"
+        )
+    return config
+
+
+def _check_json(value, hint, where: str, path: Path) -> None:
+    """Raise `ModelFolderError` unless the JSON `value` (at key `where` of the file `path`) is a `hint`:
+    int, float, str, bool, dict, list[...], dict[str, ...], a union of those with None, or a
+    dataclass (a JSON object with its fields as keys)."""
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, dict):
+            fields = {f.name: f for f in dataclasses.fields(hint)}
+            required = {
+                name
+                for name, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            }
+            _check_keys(value, typing.get_type_hints(hint), required, where, path)
+            return
+    elif typing.get_origin(hint) in (types.UnionType, typing.Union):
+        for option in typing.get_args(hint):
+            try:
+                _check_json(value, option, where, path)
+                return
+            except ModelFolderError:
+                pass
+    elif hint is type(None):
+        if value is None:
+            return
+    elif hint is typing.Any:
+        return
+    elif hint in (int, float):  # JSON has no int/float distinction for whole floats; bool is no number
+        if isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool):
+            return
+    elif (typing.get_origin(hint) or hint) in (str, bool, list, dict):
+        kind = typing.get_origin(hint) or hint
+        if isinstance(value, kind):
+            args = typing.get_args(hint)
+            if kind is list and args:
+                for i, item in enumerate(value):
+                    _check_json(item, args[0], f"{where}[{i}]", path)
+            elif kind is dict and args:
+                for key, item in value.items():
+                    _check_json(item, args[1], f"{where}.{key}", path)
+            return
+    raise ModelFolderError(
+        f"{path}: {where or 'the file'} is {_json_kind(value)}, expected {_hint_name(hint)}: {RESTORE}"
+    )
+
+
+def _check_keys(value: dict, hints: dict, required: set[str], where: str, path: Path) -> None:
+    """The JSON object `value` has every key of `required`, no key outside `hints`, and each value fits
+    its hint."""
+    inside = f" in {where}" if where else ""
+    unknown = sorted(set(value) - set(hints))
+    if unknown:
+        raise ModelFolderError(f"{path}: unknown key(s) {unknown}{inside}: {RESTORE}")
+    missing = sorted(required - set(value))
+    if missing:
+        raise ModelFolderError(f"{path}: key(s) {missing} missing{inside}: {RESTORE}")
+    for key, item in value.items():
+        _check_json(item, hints[key], f"{where}.{key}" if where else key, path)
+
+
+def _json_kind(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}  # fmt: skip
+    shown = repr(value) if isinstance(value, (str, int, float)) else ""  # bool is an int
+    return names.get(type(value), type(value).__name__) + (f" ({shown[:40]})" if shown else "")
+
+
+def _hint_name(hint) -> str:
+    if dataclasses.is_dataclass(hint):
+        return "an object"
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " or ".join(_hint_name(option) for option in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return getattr(hint, "__name__", str(hint)) if not typing.get_args(hint) else str(hint)
+
+
+def _build_task(task_class_name: str, hparams: dict, path: Path) -> WindowTask:
+    """The (untrained) task `tsformer.json` names, built from its hparams, which must fit its constructor."""
+    module, _, name = task_class_name.rpartition(".")
+    task_class = None
+    if module.startswith("tsformer."):
+        try:
+            task_class = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            pass
+    if not (isinstance(task_class, type) and issubclass(task_class, WindowTask)):
+        raise ModelFolderError(
+            f"{path}: task_class {task_class_name!r} is not a task of this tsformer (such as "
+            f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
+        )
+    parameters = inspect.signature(task_class).parameters
+    required = {name for name, p in parameters.items() if p.default is inspect.Parameter.empty}
+    hints = {name: typing.Any for name in parameters} | typing.get_type_hints(task_class.__init__)
+    hints.pop("return", None)
+    _check_keys(hparams, hints, required, "hparams", path)
+    try:
+        return task_class(**hparams)
+    except Exception as err:  # the code is known good: what fails here is the file's hparams
+        raise ModelFolderError(
+            f"{path}: hparams do not build a network of {name} ({type(err).__name__}: {_first_line(err)}): "
+            f"{RESTORE}"
+        ) from err
+
+
+def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
+    """Every count that follows from the column roles (the scalers' numbers, the static vocabularies, the
+    network's input sizes and window), and the values that `predict` relies on (scales above 0, known
+    calendar features, a fixed frequency, a fill method)."""
+
+    def refuse(problem: str):
+        raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
+
+    covariates = [*c.known_cols, *c.observed_cols]
+    series = [c.series_col] if c.series_col else []
+    roles = [c.time_col, *series, *c.target_cols, *covariates, *c.static_cols, *c.static_categorical_cols]
+    if not c.target_cols:
+        refuse("data.target_cols is empty")
+    twice = sorted({col for col in roles if roles.count(col) > 1} - {c.series_col})  # the id may be a static
+    if twice:
+        refuse(f"column(s) {twice} named in more than one role of data")
+    for name, affine, columns in [
+        ("data.target_scaler", c.target_scaler, c.target_cols),
+        ("data.covariate_scaler", c.covariate_scaler, covariates),
+        ("data.static_scaler", c.static_scaler, c.static_cols),
+    ]:
+        if affine is None:
+            if columns:
+                refuse(f"{name} is null, but the columns {columns} need one")
+            continue
+        for part, numbers in (("scale", affine.scale), ("offset", affine.offset)):
+            if len(numbers) != len(columns):
+                refuse(f"{name}.{part} has {len(numbers)} number(s), one per column of {columns} expected")
+            if not all(math.isfinite(v) for v in numbers):
+                refuse(f"{name}.{part} is {numbers}, expected finite numbers")
+            if part == "scale" and min(numbers, default=1) <= 0:  # the quantiles' order needs scales above 0
+                refuse(f"{name}.scale is {numbers}, expected numbers above 0")
+    if set(c.static_vocabularies) != set(c.static_categorical_cols):
+        refuse(
+            f"data.static_vocabularies has categories for {sorted(c.static_vocabularies)}, expected for the "
+            f"static categorical columns {c.static_categorical_cols}"
+        )
+    unknown_features = [f for f in c.calendar if f not in CALENDAR_FEATURES]
+    if unknown_features:
+        refuse(f"data.calendar has unknown feature(s) {unknown_features}; known: {list(CALENDAR_FEATURES)}")
+    try:
+        fixed_step(to_offset(c.freq))
+    except (ValueError, TypeError) as err:  # DataValidationError is a ValueError
+        refuse(f"data.freq {c.freq!r} is not a fixed pandas frequency ({_first_line(err)})")
+    if c.fill not in (None, *FILL_METHODS) or (c.fill is not None and c.max_fill_steps < 1):
+        refuse(
+            f"data.fill {c.fill!r} with max_fill_steps {c.max_fill_steps}, expected one of {FILL_METHODS} "
+            "with max_fill_steps >= 1, or null"
+        )
+    # the network reads the contract's columns: its sizes must be theirs (its target_names only name
+    # its metrics; the forecasts are named by data.target_cols)
+    expected = {
+        "d_target": len(c.target_cols),
+        "d_known": len(c.known_cols) + len(calendar_feature_names(c.calendar)),
+        "d_observed": len(c.observed_cols),
+        "d_static_num": len(c.static_cols),
+        "static_vocab_sizes": [len(c.static_vocabularies[col]) + 1 for col in c.static_categorical_cols],
+        "context_len": c.context_len,
+        "horizon": c.horizon,
+    }
+    for key, value in expected.items():
+        found = hparams.get(key)
+        if found != value and not (key == "static_vocab_sizes" and found is None and not value):
+            refuse(f"hparams.{key} is {found!r}, but data makes it {value!r}")
+
+
+def _load_weights(task: WindowTask, path: Path) -> None:
+    """`weights.pt` into `task`, once every name and shape is known to fit and every value is finite."""
+    if not path.is_file():
+        raise ModelFolderError(f"{path} is missing: {RESTORE}")
+    if path.stat().st_size == 0:
+        raise ModelFolderError(f"{path} is empty: {RESTORE}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # whatever torch cannot read here is a damaged file
+        reason = _first_line(err).split(". ")[0][:120]  # torch's first sentence (the rest: advice on pickles)
+        raise ModelFolderError(f"{path}: not a weights file torch can read ({reason}): {RESTORE}") from err
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
+    ):
+        raise ModelFolderError(f"{path}: holds other things than named tensors (a state dict): {RESTORE}")
+    own = task.state_dict()
+    missing = [k for k in own if k not in state]
+    unknown = [k for k in state if k not in own]
+    reshaped = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unknown or reshaped:
+        problems = [
+            f"{len(missing)} weight(s) missing (e.g. {missing[0]!r})" if missing else "",
+            f"{len(unknown)} unknown (e.g. {unknown[0]!r})" if unknown else "",
+            f"{len(reshaped)} of another shape (e.g. {reshaped[0]!r}: {list(state[reshaped[0]].shape)}, the "
+            f"network has {list(own[reshaped[0]].shape)})" if reshaped else "",
+        ]  # fmt: skip
+        raise ModelFolderError(
+            f"{path} does not fit the network {CONFIG_FILE} describes: {', '.join(p for p in problems if p)};"
+            f" the two files come from different models: {RESTORE}"
+        )
+    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:
+        raise ModelFolderError(
+            f"{path}: {len(broken)} weight(s) hold NaN or infinite values (e.g. {broken[0]!r}): {RESTORE}"
+        )
+    task.load_state_dict(state)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
 class Forecaster:
     """A trained network plus its data contract: tables in, forecasts (original units) out."""
 
@@ -191,6 +462,7 @@ class Forecaster:
 
     @classmethod
     def load(cls, folder: str | Path) -> Forecaster:
+        """The model in `folder`, checked (see the module docstring)."""
         folder = Path(folder)
         config_path = folder / CONFIG_FILE
         if not config_path.is_file():
@@ -198,22 +470,12 @@ class Forecaster:
                 f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing (a training run writes "
                 "one to <run output folder>/model and logs it to MLflow)"
             )
-        config = json.loads(config_path.read_text())
-        version = config.get("format_version")
-        head = (config.get("hparams", {}).get("head") or {}).get("kind", "point")
-        if version != FORMAT_VERSION and not (version == 1 and head == "point"):
-            # format 1 -> 2: distribution heads gained the spread calibration, and the quantile
-            # head's knots are anchored at the median; point-head folders of format 1 are unchanged
-            raise ValueError(
-                f"{config_path}: model format {version!r} with a {head!r} head, this tsformer reads "
-                f"format {FORMAT_VERSION} (and format 1 with a point head): train the model again"
-            )
-        module, _, name = config["task_class"].rpartition(".")
-        task_class = getattr(importlib.import_module(module), name)
-        task = task_class(**config["hparams"])
-        state = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-        task.load_state_dict(state)
-        return cls(task, DataContract.from_dict(config["data"]), ModelInfo(**config["info"]))
+        config = _read_config(config_path)
+        task = _build_task(config["task_class"], config["hparams"], config_path)
+        contract = DataContract.from_dict(config["data"])
+        _check_contract(contract, dict(task.hparams), config_path)
+        _load_weights(task, folder / WEIGHTS_FILE)
+        return cls(task, contract, ModelInfo(**config["info"]))
 
     # -- prediction -------------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ DATA is a CSV or Parquet table laid out like the training data: per series the o
 then rows for the future steps with the target cells empty and the known-future covariates filled
 (see `tsformer.forecaster`). The forecasts CSV has the columns of training's export and is written
 atomically. MLflow is only used to fetch the model; the tracking URI is `--tracking-uri`, else
-`$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the current folder, as in training.
+`$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the current folder, as in training. A
+tracking server that does not answer, or a database file that is not there, stops it at once
+(`tracking.require_reachable`); it creates no database.
 DATA is read as the training data was (its time format and CSV separator, decimal mark and encoding
 are kept in the model folder) unless `--time-format`, `--sep`, `--decimal` or `--encoding` say otherwise.
 """
@@ -25,8 +27,10 @@ from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
-from tsformer.export import write_csv
-from tsformer.forecaster import CONFIG_FILE, Forecaster
+from tsformer.tracking import TrackingServerUnreachable
+
+# torch and Lightning (tsformer.forecaster, tsformer.export) take seconds to import: they are imported
+# once the model is found, so that an unreachable tracking server or a missing database stops it at once
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,8 @@ MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
 
 
 def find_model_folder(folder: Path) -> Path:
+    from tsformer.forecaster import CONFIG_FILE
+
     for place in MODEL_FOLDER_PLACES:
         if (folder / place / CONFIG_FILE).is_file():
             return folder / place
@@ -58,14 +64,30 @@ def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -
         )
     import mlflow
 
-    from tsformer.tracking import absolute_sqlite_uri
+    from tsformer.tracking import absolute_sqlite_uri, require_reachable
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    mlflow.set_tracking_uri(absolute_sqlite_uri(uri))
+    if tracking_uri:
+        uri, setting = tracking_uri, "--tracking-uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri, setting = os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI"
+    else:
+        uri, setting = "sqlite:///mlflow.db", "the default (no --tracking-uri, no $MLFLOW_TRACKING_URI)"
+    uri = absolute_sqlite_uri(uri)
+    instead = "or give the model folder instead"
+    database = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    if database is not None and not database.is_file():  # MLflow would create an empty one, then find no run
+        raise FileNotFoundError(
+            f"no MLflow tracking database here: {database} does not exist (tracking URI {uri}, from "
+            f"{setting}); run predict.py in the folder that training ran in, give --tracking-uri, {instead}"
+        )
+    # the check does not retry; the download keeps the user's MLFLOW_HTTP_REQUEST_* settings
+    require_reachable(uri, setting, f"start the server, correct the URI, {instead}")
+    mlflow.set_tracking_uri(uri)
     try:
         local = mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(download_to))
     except mlflow.exceptions.MlflowException as err:
-        raise FileNotFoundError(f"cannot fetch model {reference!r} from MLflow at {uri}: {err}") from err
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"cannot fetch model {reference!r} from MLflow at {uri}: {reason}") from err
     return find_model_folder(Path(local))
 
 
@@ -88,15 +110,20 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            forecaster = Forecaster.load(resolve_model(args.model, args.tracking_uri, Path(tmp)))
+            folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
+            from tsformer.forecaster import Forecaster
+
+            forecaster = Forecaster.load(folder)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
         table = load_table(args.data, **{**forecaster.contract.csv, **flags})
         forecasts = forecaster.predict(
             table, origin=args.origin, source=str(args.data), time_format=args.time_format
         )
-    except (DataValidationError, FileNotFoundError, ValueError) as err:
+    except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from tsformer.export import write_csv
+
     path = write_csv(forecasts, args.output)
     info = forecaster.info
     origins = forecasts.groupby("series_id")["origin_time"].max()

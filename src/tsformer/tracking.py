@@ -15,9 +15,12 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # Lightning takes seconds to import: `predict.py` checks a server without it
+    from lightning.pytorch.loggers import MLFlowLogger
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,8 @@ def restore_env(name: str):
 
 
 def find_mlflow_logger(loggers) -> MLFlowLogger | None:
+    from lightning.pytorch.loggers import MLFlowLogger
+
     return next((lg for lg in loggers if isinstance(lg, MLFlowLogger)), None)
 
 
@@ -96,21 +101,29 @@ def mlflow_logger_entry(cfg: DictConfig) -> tuple[str, DictConfig] | None:
 
 # -- a tracking server that does not answer ---------------------------------------------------------
 
-REACHABLE_TIMEOUT_S = 10  # for the one request made before anything else (see require_reachable)
+# for the one request made before anything else (see require_reachable): a tracking server answers
+# it in well under a second, and a host that does not answer at all costs this much before the stop
+REACHABLE_TIMEOUT_S = 5
+
+TRAIN_WITHOUT_SERVER = (
+    "start the server, correct the URI, or train without it (logger=csv or logger=none). Nothing was trained."
+)
 
 
 class TrackingServerUnreachable(RuntimeError):
     pass
 
 
-def require_reachable(uri: str | None, setting: str = "logger.mlflow.tracking_uri") -> None:
-    """Stop at once, naming the URI and the setting, when the tracking server at `uri` does not answer.
+def require_reachable(uri: str | None, setting: str, what_to_do: str) -> None:
+    """Stop at once, naming the URI, the `setting` it came from and `what_to_do`, when the tracking server
+    at `uri` does not answer.
 
-    A run asks the server once before it loads data or trains: otherwise an unreachable server is
-    found when the run opens (after data loading), or, with MLflow's default retries (7, with
-    backoff: minutes per request), much later. This one request is made without retries and with a
-    short timeout; the run's own requests keep MLflow's retries, for hiccups during a long run. Only
-    http(s) URIs are checked: a local sqlite database is always there.
+    A run (or `predict.py` fetching a model) asks the server once before anything else: otherwise an
+    unreachable server is found when the run opens (after data loading), or, with MLflow's default
+    retries (7, with backoff: minutes per request), much later. This one request is made without
+    retries and with a short timeout; the requests of the real work keep MLflow's retries (the
+    user's `MLFLOW_HTTP_REQUEST_*` settings), for hiccups during a long run. Only http(s) URIs are
+    checked: a local sqlite database is always there.
     """
     if not uri or uri.split(":", 1)[0].lower() not in ("http", "https"):
         return
@@ -122,9 +135,8 @@ def require_reachable(uri: str | None, setting: str = "logger.mlflow.tracking_ur
         except Exception as err:
             reason = str(err).strip().splitlines()[0][:500] if str(err).strip() else type(err).__name__
             raise TrackingServerUnreachable(
-                f"cannot use the MLflow tracking server at {uri} ({reason}). The URI comes from "
-                f"{setting} (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db): start the server, "
-                "correct the URI, or train without it (logger=csv or logger=none). Nothing was trained."
+                f"cannot use the MLflow tracking server at {uri} ({reason}). The URI comes from {setting}: "
+                f"{what_to_do}"
             ) from err
 
 
@@ -143,7 +155,8 @@ def require_reachable_servers(cfg: DictConfig) -> None:
     found = mlflow_logger_entry(cfg)
     if found is not None:
         key, entry = found
-        require_reachable(entry.tracking_uri, setting=f"logger.{key}.tracking_uri")
+        setting = f"logger.{key}.tracking_uri (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+        require_reachable(entry.tracking_uri, setting, TRAIN_WITHOUT_SERVER)
 
 
 def git_commit() -> str:
