@@ -19,7 +19,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import TINY
-from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.plots import _concise_dates, attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.train import build_task, compose_config
 
 VARIABLES = ["OT", "HUFL"]
@@ -82,6 +82,18 @@ def test_forecast_windows_readable(freq):
     assert not overlapping_tick_labels(fig)
     assert len(fig.legends) == 1 and {"measured", "forecast"} <= set(legend_texts(fig))  # one for all panels
     plt.close(fig)
+
+
+@pytest.mark.parametrize("span", ["50s", "170s", "170min", "2.5h", "60h", "40D", "800D", "1100D", "30000D"])
+def test_date_axes_find_ticks_for_any_span(span, recwarn):
+    """The date locator picks an interval for every span (matplotlib warns and falls back otherwise)."""
+    fig, ax = plt.subplots()
+    times = pd.date_range("2024-01-01", periods=50, end=pd.Timestamp("2024-01-01") + pd.Timedelta(span))
+    ax.plot(times, np.arange(50))
+    _concise_dates(ax.xaxis)
+    fig.canvas.draw()
+    plt.close(fig)
+    assert not [w for w in recwarn if "AutoDateLocator" in str(w.message)]
 
 
 def test_fan_chart_readable():

@@ -85,7 +85,8 @@ def _window_start(origin: pd.Timestamp, reconstruction: bool) -> str:
 def _concise_dates(axis) -> None:
     """Date ticks that fit: a few per axis, each label only what changes (`10:30`, with the date once
     in the offset text), as matplotlib's ConciseDateFormatter writes them."""
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=6)
+    # 7: at 6 a span of 2.5-3 hours, days or years fits no interval, and matplotlib warns and guesses
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=7)
     axis.set_major_locator(locator)
     axis.set_major_formatter(mdates.ConciseDateFormatter(locator))
 
