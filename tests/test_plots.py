@@ -19,7 +19,13 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import TINY
-from tsformer.plots import _concise_dates, attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.plots import (
+    _concise_dates,
+    attention_figure,
+    error_by_step_figure,
+    fan_chart_figure,
+    forecast_windows_figure,
+)
 from tsformer.train import build_task, compose_config
 
 VARIABLES = ["OT", "HUFL"]
