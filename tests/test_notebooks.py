@@ -13,8 +13,9 @@ from nbclient import NotebookClient
 from conftest import REPO
 
 # per notebook: a pattern its outputs' text must show, and how many figures they hold
+# (the quickstart prints its run's name, <family>-<data>-<HHMMSS>-<tag>, and status)
 NOTEBOOKS = {
-    "01_quickstart.ipynb": (r"enc_dec-plant-\d{6}-[0-9a-f]{6} FINISHED", 3),  # run name: <family>-<data>-<time>-<tag>
+    "01_quickstart.ipynb": (r"enc_dec-plant-\d{6}-[0-9a-f]{6} FINISHED", 3),
     "02_inside_the_transformer.ipynb": ("x faster; largest difference", 4),
 }
 
