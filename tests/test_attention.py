@@ -6,20 +6,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from tsformer.nn.attention import (
+    CrossAttention,
     MultiHeadAttention,
+    ResidualSelfAttention,
+    SelfAttention,
     record_attention,
     residual_attention,
     scaled_dot_product_attention,
     stacked_projections,
 )
+from tsformer.nn.config import TransformerConfig
+from tsformer.nn.kv_cache import CrossAttentionCache, SelfAttentionCache
 from tsformer.nn.masks import causal_mask, combine_masks, lengths_to_valid, padding_mask
+from tsformer.nn.positional import RotaryEmbedding
 
 B, H, DH = 3, 4, 8
 
 
 def qkv(n_q, n_k, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, n_q, DH, generator=g), torch.randn(B, H, n_k, DH, generator=g), torch.randn(B, H, n_k, DH, generator=g))
+    return (
+        torch.randn(B, H, n_q, DH, generator=g),
+        torch.randn(B, H, n_k, DH, generator=g),
+        torch.randn(B, H, n_k, DH, generator=g),
+    )
 
 
 def masks_for(n_q, n_k):
@@ -38,7 +48,9 @@ def test_reference_and_fused_agree(n_q, n_k, kind):
     q, k, v = qkv(n_q, n_k)
     mask, causal = masks_for(n_q, n_k)[kind]
     fused, _ = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, fused=True)
-    ref, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, fused=False, return_weights=True)
+    ref, weights = scaled_dot_product_attention(
+        q, k, v, mask=mask, causal=causal, fused=False, return_weights=True
+    )
     assert torch.allclose(fused, ref, atol=1e-5), (fused - ref).abs().max()
     assert weights.shape == (B, H, n_q, n_k)
     assert torch.allclose(weights.sum(-1), torch.ones(B, H, n_q), atol=1e-5)
@@ -90,7 +102,7 @@ def test_masks_follow_the_may_attend_convention():
 def copy_into_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) -> nn.MultiheadAttention:
     """torch's attention with our weights: its in_proj is [W_Q; W_K; W_V], as our stacked projections."""
     ref = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
-    projections = [ours.q_proj, ours.kv_proj] if ours.cross_attention else [ours.qkv_proj]
+    projections = [ours.q_proj, ours.kv_proj] if isinstance(ours, CrossAttention) else [ours.qkv_proj]
     with torch.no_grad():
         ref.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
         ref.in_proj_bias.copy_(torch.cat([p.bias for p in projections]))
@@ -105,14 +117,14 @@ def test_multi_head_attention_matches_torch(fused):
     d_model, n_heads, n_q, n_k = 32, 4, 5, 7
     x, ctx = torch.randn(2, n_q, d_model), torch.randn(2, n_k, d_model)
     # self-attention with a causal mask (torch: True = NOT allowed)
-    ours = MultiHeadAttention(d_model, n_heads, fused=fused).eval()
+    ours = SelfAttention(d_model, n_heads, fused=fused).eval()
     expected, _ = copy_into_torch_mha(ours, d_model, n_heads)(x, x, x, attn_mask=~causal_mask(n_q))
     assert torch.allclose(ours(x, causal=True), expected, atol=1e-5)
     # cross-attention with key padding
-    ours = MultiHeadAttention(d_model, n_heads, fused=fused, cross_attention=True).eval()
+    ours = CrossAttention(d_model, n_heads, fused=fused).eval()
     valid = lengths_to_valid(torch.tensor([n_k, 4]), n_k)
     expected, _ = copy_into_torch_mha(ours, d_model, n_heads)(x, ctx, ctx, key_padding_mask=~valid)
-    assert torch.allclose(ours(x, context=ctx, mask=padding_mask(valid)), expected, atol=1e-5)
+    assert torch.allclose(ours(x, ctx, mask=padding_mask(valid)), expected, atol=1e-5)
 
 
 def test_stacked_projections_draw_what_separate_layers_draw():
@@ -129,7 +141,8 @@ def test_stacked_projections_draw_what_separate_layers_draw():
 def test_checkpoint_with_separate_projections_loads(cross):
     """State dicts saved with separate `q_proj`, `k_proj`, `v_proj` (before they were stacked) load."""
     torch.manual_seed(0)
-    saved = MultiHeadAttention(16, 2, cross_attention=cross).eval()
+    layer = CrossAttention if cross else SelfAttention
+    saved = layer(16, 2).eval()
     old_layout = {k: v for k, v in saved.state_dict().items() if "qkv_proj" not in k and "kv_proj" not in k}
     stacked, names = (saved.kv_proj, "kv") if cross else (saved.qkv_proj, "qkv")
     for kind in ("weight", "bias"):
@@ -137,24 +150,47 @@ def test_checkpoint_with_separate_projections_loads(cross):
             old_layout[f"{name}_proj.{kind}"] = block
     assert {"q_proj.weight", "k_proj.weight", "v_proj.bias"} <= set(old_layout)
     torch.manual_seed(1)
-    loaded = MultiHeadAttention(16, 2, cross_attention=cross).eval()
+    loaded = layer(16, 2).eval()
     loaded.load_state_dict(old_layout)  # strict: every key placed
     x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    args = {"context": ctx} if cross else {"causal": True}
+    args = {"memory": ctx} if cross else {"causal": True}
     assert torch.equal(loaded(x, **args), saved(x, **args))
 
 
-def test_attention_layer_refuses_the_other_kind_of_call():
-    x = torch.randn(2, 3, 8)
-    with pytest.raises(ValueError, match="self-attention layer"):
-        MultiHeadAttention(8, 2)(x, context=x)
-    with pytest.raises(ValueError, match="cross-attention layer"):
-        MultiHeadAttention(8, 2, cross_attention=True)(x)
+def test_self_attention_with_its_cache_equals_one_causal_pass():
+    """Tokens fed a few at a time through a `SelfAttentionCache` see what one causal pass shows them."""
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 2, rope=RotaryEmbedding(8)).eval()
+    x, positions = torch.randn(2, 7, 16), torch.arange(7)
+    cache = SelfAttentionCache(max_len=7)
+    steps = [(0, 4), (4, 5), (5, 7)]  # a prefill of 4 tokens, then 1, then 2
+    cached = [attn(x[:, a:b], causal=True, positions=positions[a:b], cache=cache) for a, b in steps]
+    assert cache.length == 7
+    torch.testing.assert_close(torch.cat(cached, dim=1), attn(x, causal=True, positions=positions))
+
+
+def test_cross_attention_computes_the_memory_kv_once_per_cache():
+    """The memory is fixed for a forecast: through a `CrossAttentionCache` its K/V are projected at the
+    first step only, and every step attends as it would without the cache."""
+    torch.manual_seed(0)
+    attn = CrossAttention(16, 2, rope=RotaryEmbedding(8)).eval()
+    x, memory = torch.randn(2, 4, 16), torch.randn(2, 6, 16)
+    mask = padding_mask(lengths_to_valid(torch.tensor([6, 3]), 6))
+    projections = []
+    attn.kv_proj.register_forward_hook(lambda module, args, out: projections.append(out))
+    cache = CrossAttentionCache()
+    steps = [
+        attn(x[:, t : t + 1], memory, mask, torch.tensor([6 + t]), torch.arange(6), cache=cache)
+        for t in range(4)
+    ]
+    assert len(projections) == 1 and cache.filled
+    expected = attn(x, memory, mask, torch.arange(6, 10), torch.arange(6))
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected)
 
 
 def test_record_attention_keeps_weights_and_switches_back():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2).eval()
+    mha = SelfAttention(16, 2).eval()
     x = torch.randn(2, 5, 16)
     plain = mha(x, causal=True)
     with record_attention(mha) as layers:
@@ -179,19 +215,25 @@ def test_residual_attention_adds_the_previous_scores(kind):
     if mask is not None:
         expected_scores = expected_scores.masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(scores, expected_scores)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=additive), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q, k, v, attn_mask=additive), atol=1e-5, rtol=1e-5
+    )
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, 6))
 
     # the first layer (no previous scores) is plain attention
     first, _, _ = residual_attention(q, k, v, None, mask=mask)
-    torch.testing.assert_close(first, scaled_dot_product_attention(q, k, v, mask=mask)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        first, scaled_dot_product_attention(q, k, v, mask=mask)[0], atol=1e-5, rtol=1e-5
+    )
 
 
-def test_residual_scores_layer_returns_its_scores_and_refuses_other_uses():
+def test_residual_self_attention_returns_its_scores_and_refuses_other_uses():
+    from tsformer.nn.blocks import TransformerBlock
+
     torch.manual_seed(0)
-    plain = MultiHeadAttention(16, 4).eval()
-    residual = MultiHeadAttention(16, 4, residual_scores=True).eval()
-    residual.load_state_dict(plain.state_dict())
+    plain = SelfAttention(16, 4).eval()
+    residual = ResidualSelfAttention(16, 4).eval()
+    residual.load_state_dict(plain.state_dict())  # the same parameters
     x = torch.randn(2, 5, 16)
     out, scores = residual(x)
     assert scores.shape == (2, 4, 5, 5)
@@ -200,12 +242,12 @@ def test_residual_scores_layer_returns_its_scores_and_refuses_other_uses():
     assert not torch.allclose(out2, out, atol=1e-3)  # the previous scores change the weights
     torch.testing.assert_close(scores2, scores + scores)  # same input, same own scores, plus the previous
 
+    block = TransformerBlock(TransformerConfig(d_model=16, n_heads=4, residual_attention=True)).eval()
+    assert isinstance(block.self_attn, ResidualSelfAttention)
     with pytest.raises(ValueError, match="no causal mask, no KV cache"):
-        residual(x, causal=True)
-    with pytest.raises(ValueError, match="built without residual_scores=True"):
-        plain(x, prev_scores=scores)
-    with pytest.raises(ValueError, match="not cross-attention"):
-        MultiHeadAttention(16, 4, cross_attention=True, residual_scores=True)
+        block(x, causal=True)
+    with pytest.raises(ValueError, match="no causal mask, no KV cache"):
+        block(x, self_cache=SelfAttentionCache(5))
 
 
 @pytest.mark.parametrize("attention_dropout, expected", [(None, 0.3), (0.0, 0.0), (0.1, 0.1)])
@@ -214,7 +256,9 @@ def test_attention_dropout_sets_the_weights_dropout_only(attention_dropout, expe
     branches and the FFN (PatchTST's code: 0 on the weights, 0.2-0.3 elsewhere)."""
     from tsformer.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 
-    cfg = EncoderOnlyConfig(d_model=16, n_heads=2, n_layers=2, dropout=0.3, attention_dropout=attention_dropout)
+    cfg = EncoderOnlyConfig(
+        d_model=16, n_heads=2, n_layers=2, dropout=0.3, attention_dropout=attention_dropout
+    )
     model = EncoderOnly(cfg).train()
     attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     assert len(attentions) == 2 and all(m.dropout == expected for m in attentions)
@@ -240,13 +284,16 @@ class CountingDropout(nn.Module):
 
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("attention_output_dropout, expected", [(None, 0.3), (0.51, 0.51)])
-def test_attention_output_dropout_is_the_attention_sublayers_residual_dropout(cross, attention_output_dropout, expected):
+def test_attention_output_dropout_is_the_attention_sublayers_residual_dropout(
+    cross, attention_output_dropout, expected
+):
     """`attention_output_dropout` (None: `dropout`) drops the output of every attention sublayer (self,
     and cross in a decoder block) before the residual add; the FFN's output keeps `dropout`."""
     from tsformer.nn.blocks import TransformerBlock
-    from tsformer.nn.config import TransformerConfig
 
-    cfg = TransformerConfig(d_model=16, n_heads=2, dropout=0.3, attention_output_dropout=attention_output_dropout)
+    cfg = TransformerConfig(
+        d_model=16, n_heads=2, dropout=0.3, attention_output_dropout=attention_output_dropout
+    )
     block = TransformerBlock(cfg, cross_attention=cross)
     assert block.dropout_attn.p == expected and block.dropout.p == 0.3
     block.dropout_attn, block.dropout = CountingDropout(expected), CountingDropout(0.3)
@@ -257,12 +304,13 @@ def test_attention_output_dropout_is_the_attention_sublayers_residual_dropout(cr
 
 def test_attention_output_dropout_acts_in_training_only():
     from tsformer.nn.blocks import TransformerBlock
-    from tsformer.nn.config import TransformerConfig
 
-    block = TransformerBlock(TransformerConfig(d_model=16, n_heads=2, dropout=0.0, attention_output_dropout=0.5))
+    block = TransformerBlock(
+        TransformerConfig(d_model=16, n_heads=2, dropout=0.0, attention_output_dropout=0.5)
+    )
     x = torch.randn(2, 5, 16)
-    assert not torch.equal(block.train()(x), block(x))  # a fresh draw each call
-    assert torch.equal(block.eval()(x), block(x))
+    assert not torch.equal(block.train()(x)[0], block(x)[0])  # a fresh draw each call
+    assert torch.equal(block.eval()(x)[0], block(x)[0])
 
 
 @pytest.mark.parametrize("name", ["dropout", "attention_dropout", "attention_output_dropout"])
@@ -270,5 +318,7 @@ def test_attention_output_dropout_acts_in_training_only():
 def test_dropout_settings_outside_0_1_are_refused_by_name(name, p):
     from tsformer.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 
-    with pytest.raises(ValueError, match=rf"model\.net\.{name}={p}: a dropout probability must be in \[0, 1\)"):
+    with pytest.raises(
+        ValueError, match=rf"model\.net\.{name}={p}: a dropout probability must be in \[0, 1\)"
+    ):
         EncoderOnly(EncoderOnlyConfig(d_model=16, n_heads=2, **{name: p}))

@@ -1,8 +1,8 @@
-"""Scaled dot-product attention and multi-head attention.
+"""Scaled dot-product attention and the attention layers.
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V
 
-Two paths compute it:
+Two paths compute it, side by side in `scaled_dot_product_attention`:
 - the reference path spells the formula out and can return the attention weights (for plots);
 - the fused path calls `F.scaled_dot_product_attention` (faster, less memory) and is the default.
 Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.py`).
@@ -10,10 +10,13 @@ Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.
 A query whose keys are ALL masked (e.g. a padded query in a padded batch) would give softmax over
 all -inf = NaN. Here such a row attends nowhere and its output is defined as zero.
 
-Residual attention (`residual_attention`; RealFormer, He et al. 2021, and PatchTST's encoder): each
-layer's scores before the softmax add the previous layer's, Q_l K_l^T / sqrt(d_k) + S_(l-1), and
-are passed on to the next layer. Encoders only, and always the reference path: the next layer needs
-the scores, which the fused kernel does not return.
+The layers, one class per job, share `MultiHeadAttention` (heads, RoPE, W_O, weight recording):
+- `SelfAttention`: Q, K, V from the same tokens; causal in a decoder; its KV cache when decoding.
+- `CrossAttention`: Q from the decoder, K/V from the encoder memory, computed once per forecast.
+- `ResidualSelfAttention` (RealFormer, He et al. 2021, and PatchTST's encoder): each layer's scores
+  before the softmax add the previous layer's, Q_l K_l^T / sqrt(d_k) + S_(l-1), and are passed on
+  to the next layer (`residual_attention`). Encoders only, and always the reference path: the next
+  layer needs the scores, which the fused kernel does not return.
 
 Sampled trajectories (S paths per window, `KVCache.share`) attend over keys shared by the S paths of
 a window (its history, its encoder memory) and keys of their own: `shared_prefix_attention` reads
@@ -61,7 +64,9 @@ def scaled_dot_product_attention(
 
     mask, has_key = open_rows_with_no_key(mask)
     if fused and not return_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal
+        )
         weights = None
     else:
         out, weights, _ = reference_attention(q, k, v, mask, dropout_p)
@@ -166,7 +171,7 @@ def shared_prefix_attention(
     top = shared.amax(dim=-1, keepdim=True)  # (B, H, S, 1): softmax's shift, over both parts
     if k_own is not None:
         T1 = k_own.shape[2]
-        k_own, v_own = k_own.view(B, S, H, T1, Dh), v_own.view(B, S, H, T1, Dh)
+        k_own, v_own = k_own.view(B, S, H, T1, Dh), v_own.view(B, S, H, T1, Dh)  # (B * S, ...) -> (B, S, ...)
         own = (q.view(B, S, H, 1, Dh) * k_own).sum(dim=-1).transpose(1, 2)  # (B, H, S, T1): a dot per key
         top = torch.maximum(top, own.amax(dim=-1, keepdim=True))
     top = top.masked_fill(torch.isinf(top), 0.0)  # no key at all: every exp below is 0, the output 0
@@ -182,7 +187,8 @@ def shared_prefix_attention(
     weights = None
     if return_weights:
         parts = [e_shared] + ([e_own] if k_own is not None else [])
-        weights = (torch.cat(parts, dim=-1).transpose(1, 2) / denom).reshape(BS, H, 1, -1)  # (B * S, H, 1, T0 + T1)
+        weights = torch.cat(parts, dim=-1).transpose(1, 2) / denom  # (B, S, H, T0 + T1)
+        weights = weights.reshape(BS, H, 1, -1)  # (B * S, H, 1, T0 + T1)
     return out, weights
 
 
@@ -194,8 +200,9 @@ def stacked_projections(d_model: int, n: int, bias: bool) -> nn.Linear:
     weights as with n separate layers.
     """
     blocks = [nn.Linear(d_model, d_model, bias=bias) for _ in range(n)]
-    like = {"device": blocks[0].weight.device, "dtype": blocks[0].weight.dtype}  # torch's defaults, as the blocks
-    stacked = torch.nn.utils.skip_init(nn.Linear, d_model, n * d_model, bias=bias, **like)  # no draws of its own
+    # torch's default device and dtype, as the blocks; skip_init: the stacked layer draws nothing of its own
+    like = {"device": blocks[0].weight.device, "dtype": blocks[0].weight.dtype}
+    stacked = torch.nn.utils.skip_init(nn.Linear, d_model, n * d_model, bias=bias, **like)
     with torch.no_grad():
         stacked.weight.copy_(torch.cat([b.weight for b in blocks]))  # (n * d_model, d_model)
         if bias:
@@ -211,7 +218,7 @@ def stack_separate_projections(module: MultiHeadAttention, state_dict: dict, pre
         if not all(name in state_dict for name in names):
             continue
         q, k, v = (state_dict.pop(name) for name in names)
-        if module.cross_attention:
+        if isinstance(module, CrossAttention):
             state_dict[f"{prefix}q_proj.{kind}"] = q
             state_dict[f"{prefix}kv_proj.{kind}"] = torch.cat([k, v])  # (2 * d_model, ...)
         else:
@@ -219,16 +226,99 @@ def stack_separate_projections(module: MultiHeadAttention, state_dict: dict, pre
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: self-attention, or cross-attention (`cross_attention=True`) to a context.
+    """What every attention layer shares; the layers themselves are its subclasses, one per job:
 
-    d_k = d_model / n_heads. Q, K and V are projections of the input, each by its own d_model x d_model
-    matrix, stacked into one product where they read the same tokens: `qkv_proj` (self-attention:
-    [W_Q; W_K; W_V]) or `q_proj` and `kv_proj` (cross-attention: queries from the input, [W_K; W_V]
-    from the context). The same numbers as three separate products, in one kernel launch instead of
-    three, forward and backward. Then an output projection W_O. With a `RotaryEmbedding`, queries and
-    keys are rotated by their positions after projection. With `residual_scores=True` (self-attention
-    of an encoder), a call takes the previous layer's scores (`prev_scores`) and returns `(out,
-    scores)`: see `residual_attention`.
+    - `SelfAttention`: Q, K and V from the same tokens, causal in a decoder, with its KV cache;
+    - `CrossAttention`: Q from the decoder's tokens, K and V from the encoder memory, fixed for a
+      forecast and so computed once when decoding with a cache;
+    - `ResidualSelfAttention`: an encoder's self-attention whose scores add the previous layer's.
+
+    Shared here: H heads of Dh = d_model / H, the RoPE rotation, the attention itself (`attend`:
+    fused or the reference path, `scaled_dot_product_attention`), the output projection W_O and the
+    recording of the weights for plots (`record_attention`). Each subclass builds its input
+    projections and then `out_proj`, in that order: the order in which a seeded run draws them.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, rope: RotaryEmbedding | None, fused: bool):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout  # on the attention weights, in training
+        self.rope = rope
+        self.fused = fused
+        # When True (see `record_attention`), the reference path runs and keeps the weights here.
+        self.record_weights = False
+        self.last_weights: torch.Tensor | None = None
+
+    def split_heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """`(B, T, n * d_model)`, n projections side by side -> n tensors `(B, H, T, Dh)` (views)."""
+        B, T, _ = x.shape
+        heads = x.view(B, T, n, self.n_heads, self.head_dim)  # (B, T, n, H, Dh)
+        return heads.permute(2, 0, 3, 1, 4).unbind(0)  # (n, B, H, T, Dh) -> n x (B, H, T, Dh)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """Queries or keys `(B, H, T, Dh)` rotated by their positions `(T,)` with RoPE, else as they are."""
+        return x if self.rope is None else self.rope(x, positions)
+
+    @property
+    def dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """Heads `q (B, H, Tq, Dh)` over `k, v (B, H, Tk, Dh)` -> `(B, H, Tq, Dh)`: the fused kernel,
+        or the reference path when the layer is built with `fused=False` or records its weights."""
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask, causal, self.dropout_p, fused=self.fused, return_weights=self.record_weights
+        )
+        self.keep(weights)
+        return out
+
+    def attend_shared(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        n_paths: int,
+        k_own: torch.Tensor | None = None,
+        v_own: torch.Tensor | None = None,
+        shared_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`attend` for sampled paths: S = n_paths queries `(B * S, H, 1, Dh)` per sequence of the shared
+        `k_shared, v_shared (B, H, T0, Dh)`, and their own keys (`shared_prefix_attention`)."""
+        out, weights = shared_prefix_attention(
+            q, k_shared, v_shared, n_paths, k_own, v_own, shared_mask, return_weights=self.record_weights
+        )
+        self.keep(weights)
+        return out  # (B * S, H, 1, Dh)
+
+    def keep(self, weights: torch.Tensor | None) -> None:
+        """Keeps a call's weights for plots while recording (`record_attention`)."""
+        if self.record_weights:
+            self.last_weights = weights.detach()  # (B, H, Tq, Tk)
+
+    def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads `(B, H, Tq, Dh)` -> `(B, Tq, d_model)` through W_O."""
+        B, H, Tq, Dh = out.shape
+        out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, H, Dh) -> (B, Tq, d_model)
+        return self.out_proj(out)
+
+
+class SelfAttention(MultiHeadAttention):
+    """Self-attention: Q, K and V are projections of the same tokens, stacked into one product
+    `qkv_proj` = [W_Q; W_K; W_V] (the same numbers as three products, in one kernel launch).
+
+    Decoding with a cache, each call projects only the new tokens and attends over every key cached
+    so far: a `SelfAttentionCache` (one sequence per row) or a `SharedPrefixCache` (S sampled paths
+    per sequence, whose shared history is kept and read once).
     """
 
     def __init__(
@@ -239,119 +329,131 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rope: RotaryEmbedding | None = None,
         fused: bool = True,
-        cross_attention: bool = False,
-        residual_scores: bool = False,
     ):
-        super().__init__()
-        if d_model % n_heads != 0:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        if residual_scores and cross_attention:
-            raise ValueError("residual attention scores are for self-attention layers, not cross-attention")
-        self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.cross_attention = cross_attention
-        if cross_attention:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.kv_proj = stacked_projections(d_model, 2, bias)
-        else:
-            self.qkv_proj = stacked_projections(d_model, 3, bias)
+        super().__init__(d_model, n_heads, dropout, rope, fused)
+        self.qkv_proj = stacked_projections(d_model, 3, bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.dropout = dropout
-        self.rope = rope
-        self.fused = fused
-        self.residual_scores = residual_scores
-        # When True (see `record_attention`), the reference path runs and keeps the weights here.
-        self.record_weights = False
-        self.last_weights: torch.Tensor | None = None
         self.register_load_state_dict_pre_hook(stack_separate_projections)
-
-    def _split_heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
-        """`(B, T, n * d_model)`, n projections side by side -> n tensors `(B, H, T, Dh)` (views)."""
-        B, T, _ = x.shape
-        return x.view(B, T, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, H, T, Dh)
 
     def forward(
         self,
         x: torch.Tensor,
-        context: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = False,
         positions: torch.Tensor | None = None,
-        context_positions: torch.Tensor | None = None,
-        cache: SelfAttentionCache | CrossAttentionCache | None = None,
-        prev_scores: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x: `(B, Tq, d_model)`; context: `(B, Tk, d_model)` for cross-attention, else None.
+        cache: SelfAttentionCache | SharedPrefixCache | None = None,
+    ) -> torch.Tensor:
+        """x: `(B, Tq, d_model)` -> `(B, Tq, d_model)`.
 
-        positions / context_positions: `(Tq,)` / `(Tk,)` absolute positions, used by RoPE only.
-        cache: a `SelfAttentionCache` (self-attention: new keys are appended, all are attended) or
-        a `CrossAttentionCache` (cross-attention: keys/values of the context computed once).
-        prev_scores: `(B, H, Tq, Tq)` the previous layer's scores, layers built with
-        `residual_scores=True` only, which return `(out, scores)`.
+        mask: bool, broadcastable to `(B, H, Tq, Tk)`, True = may attend. causal: each token sees no
+        later one. positions: `(Tq,)` absolute positions (RoPE). cache: the new tokens continue after
+        those cached, whose keys they all see (a single new token needs no causal mask).
         """
-        if self.cross_attention and context is None:
-            raise ValueError("this is a cross-attention layer: it needs the context (the encoder memory)")
-        if not self.cross_attention and context is not None:
-            raise ValueError("this is a self-attention layer: it takes no context (build it with cross_attention=True)")
-        B, Tq, D = x.shape
-        if context is None:  # self-attention: Q, K and V come from the same tokens
-            q, k, v = self._split_heads(self.qkv_proj(x), 3)  # (B, H, Tq, Dh) each
+        q, k, v = self.split_heads(self.qkv_proj(x), 3)  # (B, H, Tq, Dh) each
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
+        if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
+            k_own, v_own = cache.append(k, v)  # the paths' own (B * S, H, T1, Dh)
+            out = self.attend_shared(
+                q, cache.k_prefix, cache.v_prefix, cache.n_paths, k_own=k_own, v_own=v_own
+            )
+            return self.merge_heads(out)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, T_cached + Tq, Dh)
+        return self.merge_heads(self.attend(q, k, v, mask, causal))
+
+
+class CrossAttention(MultiHeadAttention):
+    """Cross-attention of a decoder to the encoder memory: queries from the decoder's tokens
+    (`q_proj`), keys and values from the memory (`kv_proj` = [W_K; W_V], one product).
+
+    The memory is fixed for a forecast, and so are its K/V (`memory_kv`): decoding with a
+    `CrossAttentionCache`, they are computed at the first step and reused at every later one.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rope: RotaryEmbedding | None = None,
+        fused: bool = True,
+    ):
+        super().__init__(d_model, n_heads, dropout, rope, fused)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.kv_proj = stacked_projections(d_model, 2, bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.register_load_state_dict_pre_hook(stack_separate_projections)
+
+    def memory_kv(
+        self, memory: torch.Tensor, memory_positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory `(B, Tk, d_model)`, memory_positions `(Tk,)` (RoPE) -> K, V `(B, H, Tk, Dh)`."""
+        k, v = self.split_heads(self.kv_proj(memory), 2)  # (B, H, Tk, Dh) each
+        return self.rotate(k, memory_positions), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        memory_positions: torch.Tensor | None = None,
+        cache: CrossAttentionCache | None = None,
+    ) -> torch.Tensor:
+        """x: `(B, Tq, d_model)` decoder tokens, memory: `(B, Tk, d_model)` -> `(B, Tq, d_model)`.
+
+        mask: bool, broadcastable to `(B, H, Tq, Tk)`, True = may attend (the memory's padding).
+        positions / memory_positions: `(Tq,)` / `(Tk,)` on the time axis both share (RoPE). cache:
+        holds the memory's K/V after the first call; once shared by S sampled paths per sequence
+        (`KVCache.share`), x has B * S rows while the memory, its K/V and mask keep B.
+        """
+        (q,) = self.split_heads(self.q_proj(x), 1)  # (B, H, Tq, Dh)
+        q = self.rotate(q, positions)
+        if cache is None:
+            k, v = self.memory_kv(memory, memory_positions)
         else:
-            (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, Tq, Dh)
-        if self.rope is not None:
-            q = self.rope(q, positions)
-        if prev_scores is not None and not self.residual_scores:
-            raise ValueError("prev_scores given to a layer built without residual_scores=True")
+            if not cache.filled:
+                cache.store(*self.memory_kv(memory, memory_positions))
+            k, v = cache.k, cache.v  # (B, H, Tk, Dh)
+            if cache.n_paths > 1:  # the memory's K/V once per sequence for its S paths
+                return self.merge_heads(self.attend_shared(q, k, v, cache.n_paths, shared_mask=mask))
+        return self.merge_heads(self.attend(q, k, v, mask))
 
-        if context is None:
-            if self.rope is not None:
-                k = self.rope(k, positions)
-            if self.residual_scores:  # (a residual layer is a self-attention layer)
-                if causal or cache is not None:
-                    raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
-                dropout_p = self.dropout if self.training else 0.0
-                out, weights, scores = residual_attention(q, k, v, prev_scores, mask=mask, dropout_p=dropout_p)
-                return self._output(out, weights, B, Tq, D), scores
-            if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
-                k, v = cache.append(k, v)  # the paths' own (B * S, H, T1, Dh)
-                out, weights = shared_prefix_attention(
-                    q, cache.k_prefix, cache.v_prefix, cache.n_paths, k, v, return_weights=self.record_weights
-                )
-                return self._output(out, weights, B, Tq, D)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, H, T_cached + Tq, Dh)
-        elif isinstance(cache, CrossAttentionCache) and cache.filled:
-            k, v = cache.k, cache.v  # computed from the context at the first decoding step
-            if cache.n_paths > 1:  # sampled paths: the memory's K/V once per window, (B, H, Tk, Dh)
-                out, weights = shared_prefix_attention(
-                    q, k, v, cache.n_paths, shared_mask=mask, return_weights=self.record_weights
-                )
-                return self._output(out, weights, B, Tq, D)
-        else:
-            k, v = self._split_heads(self.kv_proj(context), 2)  # (B, H, Tk, Dh) each
-            if self.rope is not None:
-                k = self.rope(k, context_positions)
-            if cache is not None:
-                cache.store(k, v)
 
-        out, weights = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            fused=self.fused,
-            return_weights=self.record_weights,
-        )
-        return self._output(out, weights, B, Tq, D)
+class ResidualSelfAttention(MultiHeadAttention):
+    """An encoder's self-attention whose scores add the previous layer's (`residual_attention`;
+    PatchTST). Same projections as `SelfAttention`; no causal mask and no cache. Always the reference
+    path: the next layer needs the scores, which the fused kernel does not return.
+    """
 
-    def _output(self, out: torch.Tensor, weights: torch.Tensor | None, B: int, Tq: int, D: int) -> torch.Tensor:
-        """Heads `(B, H, Tq, Dh)` -> `(B, Tq, d_model)` through W_O; keeps the weights when recording."""
-        if self.record_weights:
-            self.last_weights = weights.detach()
-        out = out.transpose(1, 2).reshape(B, Tq, D)  # (B, Tq, H * Dh)
-        return self.out_proj(out)
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rope: RotaryEmbedding | None = None,
+    ):
+        super().__init__(d_model, n_heads, dropout, rope, fused=False)
+        self.qkv_proj = stacked_projections(d_model, 3, bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.register_load_state_dict_pre_hook(stack_separate_projections)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        prev_scores: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: `(B, T, d_model)`; prev_scores: the previous layer's `(B, H, T, T)` scores, None in the
+        first layer. Returns `(out (B, T, d_model), scores (B, H, T, T))`, the scores for the next."""
+        q, k, v = self.split_heads(self.qkv_proj(x), 3)  # (B, H, T, Dh) each
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
+        out, weights, scores = residual_attention(q, k, v, prev_scores, mask, self.dropout_p)
+        self.keep(weights)
+        return self.merge_heads(out), scores
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tsformer.nn.attention import MultiHeadAttention
+from tsformer.nn.attention import CrossAttention, ResidualSelfAttention, SelfAttention
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.kv_cache import KVCache
+from tsformer.nn.kv_cache import CrossAttentionCache, KVCache, SelfAttentionCache, SharedPrefixCache
 from tsformer.nn.positional import RotaryEmbedding
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -71,22 +71,21 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: TransformerConfig, cross_attention: bool = False, rope: RotaryEmbedding | None = None):
+    def __init__(
+        self, cfg: TransformerConfig, cross_attention: bool = False, rope: RotaryEmbedding | None = None
+    ):
         super().__init__()
         if cfg.norm not in NORMS:
             raise ValueError(f"unknown norm placement {cfg.norm!r}; choose one of {NORMS}")
         self.pre_norm = cfg.norm == "pre"
+        heads = (cfg.d_model, cfg.n_heads, cfg.attention_weights_dropout, cfg.bias, rope)
         self.residual_attention = cfg.residual_attention
-
-        def attention(cross: bool):
-            return MultiHeadAttention(
-                cfg.d_model, cfg.n_heads, cfg.attention_weights_dropout, cfg.bias, rope, cfg.fused_attention, cross,
-                residual_scores=cfg.residual_attention and not cross,
-            )
-
-        self.self_attn = attention(cross=False)
+        if cfg.residual_attention:
+            self.self_attn = ResidualSelfAttention(*heads)
+        else:
+            self.self_attn = SelfAttention(*heads, cfg.fused_attention)
         self.norm_self = make_norm(cfg)
-        self.cross_attn = attention(cross=True) if cross_attention else None
+        self.cross_attn = CrossAttention(*heads, cfg.fused_attention) if cross_attention else None
         self.norm_cross = make_norm(cfg) if cross_attention else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
         self.norm_ffn = make_norm(cfg)
@@ -107,41 +106,34 @@ class TransformerBlock(nn.Module):
         memory: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
         memory_positions: torch.Tensor | None = None,
-        self_cache=None,
-        cross_cache=None,
+        self_cache: SelfAttentionCache | SharedPrefixCache | None = None,
+        cross_cache: CrossAttentionCache | None = None,
         prev_scores: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention.
 
-        With residual attention: prev_scores, the previous block's `(B, H, T, T)` scores (None in the
-        first), and returns `(x, scores)`.
+        Returns `(x, scores)`: with residual attention, scores are this block's `(B, H, T, T)`
+        self-attention scores, the next block's `prev_scores` (None in the first); else None.
         """
         scores = None
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
             nonlocal scores
-            if self.residual_attention:
-                out, scores = self.self_attn(h, mask=mask, positions=positions, prev_scores=prev_scores)
-                return out
-            return self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
+            if not self.residual_attention:
+                return self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
+            if causal or self_cache is not None:
+                raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
+            out, scores = self.self_attn(h, prev_scores=prev_scores, mask=mask, positions=positions)
+            return out
+
+        def cross_attention(h: torch.Tensor) -> torch.Tensor:
+            return self.cross_attn(h, memory, memory_mask, positions, memory_positions, cache=cross_cache)
 
         x = self._residual(x, self.norm_self, self_attention, self.dropout_attn)
         if self.cross_attn is not None:
-            x = self._residual(
-                x,
-                self.norm_cross,
-                lambda h: self.cross_attn(
-                    h,
-                    context=memory,
-                    mask=memory_mask,
-                    positions=positions,
-                    context_positions=memory_positions,
-                    cache=cross_cache,
-                ),
-                self.dropout_attn,
-            )
+            x = self._residual(x, self.norm_cross, cross_attention, self.dropout_attn)
         x = self._residual(x, self.norm_ffn, self.ffn, self.dropout)
-        return (x, scores) if self.residual_attention else x
+        return x, scores
 
 
 class TransformerStack(nn.Module):
@@ -187,11 +179,13 @@ class TransformerStack(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         if self.batch_norm and mask is not None:
-            raise ValueError("model.net.norm_layer=batch takes whole sequences: its statistics would include padded steps")
+            raise ValueError(
+                "model.net.norm_layer=batch takes whole sequences: its statistics would include padded steps"
+            )
         scores = None  # residual attention: the previous block's scores
         for i, block in enumerate(self.blocks):
             self_cache, cross_cache = cache.layer(i) if cache is not None else (None, None)
-            out = block(
+            x, scores = block(
                 x,
                 mask=mask,
                 causal=self.causal,
@@ -203,5 +197,4 @@ class TransformerStack(nn.Module):
                 cross_cache=cross_cache,
                 prev_scores=scores,
             )
-            x, scores = out if self.residual_attention else (out, None)
         return self.final_norm(x)

@@ -6,7 +6,7 @@ appends its K/V to buffers kept per layer, and attends over the buffers: O(t) pe
 
 - `SelfAttentionCache`: growing K/V of one self-attention layer, preallocated to `max_len` so that
   appending is a copy of one step, not a re-allocation of the whole history.
-- `CrossAttentionCache`: K/V of the encoder memory for one cross-attention layer, computed once at
+- `CrossAttentionCache`: K/V of the encoder memory for one `CrossAttention` layer, computed once at
   the first decoding step and reused at every later step.
 - `KVCache`: the caches of a whole decoder stack, plus the number of positions already decoded
   (the position offset of the next token, used by the positional encodings and RoPE).
