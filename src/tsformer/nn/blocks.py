@@ -16,8 +16,8 @@ future steps included, so a causal stack refuses it, and so does a padded sequen
 would enter the statistics).
 
 Residual attention (`residual_attention`, PatchTST's encoder): each block's self-attention scores
-add the previous block's before the softmax (see `attention.residual_attention`); the stack carries
-them from block to block. Encoder stacks only.
+add the previous block's before the softmax (`attention.ResidualSelfAttention`); every block returns
+`(x, scores)` and the stack carries the scores from block to block. Encoder stacks only.
 """
 
 from __future__ import annotations
