@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build; a GPU user installs a CUDA build into .venv first (see README) and this step keeps it.
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install test train bench clean
+.PHONY: install test test-fast lint format train bench clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,23 @@ $(VENV)/.installed: pyproject.toml
 # the suite's runs are small and single-threaded (tests/conftest.py), so the cores share them.
 test: install
 	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile
+
+# The unit tests alone (under a minute on 2 cores): no training run, no real data, no GPU (markers in
+# pyproject.toml). Run it while working; `make test` before a commit.
+test-fast: install
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile \
+		-m "not slow and not needs_data and not gpu"
+
+LINT_PATHS := src tests benchmarks tools train.py predict.py
+
+lint: install
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+# Rewrites files: ruff's safe fixes (imports sorted, ...), then its formatting
+format: install
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 train: install
 	$(PY) train.py

@@ -11,6 +11,7 @@ printed are measured here and now; compare ratios, not absolute times (shared ma
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 from timing import seconds
@@ -37,7 +38,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     dev = args.device
-    shared = dict(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, positional="sinusoidal")
+    shared = {
+        "d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers, "positional": "sinusoidal"
+    }
     d_target, d_known = 1, 2
     models = {
         "DecoderOnly": DecoderOnly(DecoderOnlyConfig(d_target=d_target, d_known=d_known, **shared)),
@@ -58,12 +61,11 @@ def main() -> None:
             hist_k = torch.randn(B, N, d_known, device=dev)
             fut_k = torch.randn(B, H, d_known, device=dev)
             if name == "DecoderOnly":
-                run = lambda cache: model.generate(hist_y, hist_k, fut_k, use_cache=cache)  # noqa: E731
+                inputs = (hist_y, hist_k, fut_k)
             else:
-                hist = torch.cat([hist_y, hist_k], dim=-1)
-                run = lambda cache: model.generate(hist, hist_y[:, -1], fut_k, use_cache=cache)  # noqa: E731
-            cached = timed(lambda: run(True), dev, args.repeats)
-            uncached = timed(lambda: run(False), dev, args.repeats)
+                inputs = (torch.cat([hist_y, hist_k], dim=-1), hist_y[:, -1], fut_k)
+            cached = timed(partial(model.generate, *inputs, use_cache=True), dev, args.repeats)
+            uncached = timed(partial(model.generate, *inputs, use_cache=False), dev, args.repeats)
             if H == 8:
                 continue
             print(

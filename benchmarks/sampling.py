@@ -39,7 +39,9 @@ def main() -> None:
     torch.manual_seed(0)
     dev, B, S, N, M = args.device, args.batch, args.samples, args.context, args.horizon
     head = StudentTHead()
-    shared = dict(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, n_params=head.n_params)
+    shared = {
+        "d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers, "n_params": head.n_params
+    }
     d_target, d_known = 1, 3  # T1: power; wind speed, direction sin and cos
     dec = DecoderOnly(DecoderOnlyConfig(d_target=d_target, d_known=d_known, **shared)).to(dev).eval()
     encdec = EncoderDecoder(

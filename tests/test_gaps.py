@@ -44,10 +44,11 @@ def test_short_gaps_are_filled_and_flagged_long_ones_stay(method):
 
 
 def make_dm(df, **kw):
-    args = dict(
-        target_cols=TARGETS, known_cols=KNOWN, series_col="series_id", context_len=20, horizon=5,
-        eval_batch_size=10_000, val_start="2024-01-01 08:00", test_start="2024-01-01 09:00",
-    )
+    args = {
+        "target_cols": TARGETS, "known_cols": KNOWN, "series_col": "series_id",
+        "context_len": 20, "horizon": 5, "eval_batch_size": 10_000,
+        "val_start": "2024-01-01 08:00", "test_start": "2024-01-01 09:00",
+    }
     dm = TimeSeriesDataModule(df, **(args | kw))
     dm.setup()
     return dm
@@ -77,7 +78,8 @@ def test_filled_steps_do_not_enter_the_loss():
     # the encoder-only forecaster does not read fut_target as an input (teacher-forced decoders do,
     # and a filled value is a legitimate input), so a change there can only act through the loss
     task = EncoderForecaster(
-        net=dict(d_model=16, n_heads=2, n_layers=1), d_target=2, d_known=3, d_observed=0, context_len=20, horizon=5
+        net={"d_model": 16, "n_heads": 2, "n_layers": 1},
+        d_target=2, d_known=3, d_observed=0, context_len=20, horizon=5,
     )
     loss = task.loss(batch)
     changed = dict(batch, fut_target=torch.where(batch["fut_valid"][..., None], batch["fut_target"], 1e6))

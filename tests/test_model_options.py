@@ -50,7 +50,8 @@ def combos(families=FAMILIES, revin=tuple(REVIN)) -> list:
 def make_task(cls, opts: dict, d_target: int = DY, **kw):
     """A tiny task in eval mode; RevIN's affine map is set away from the identity, so it counts."""
     torch.manual_seed(0)
-    args = dict(net=NET, d_target=d_target, d_known=DK, d_observed=DO, context_len=N, horizon=M) | kw
+    args = {"net": NET, "d_target": d_target, "d_known": DK, "d_observed": DO, "context_len": N, "horizon": M}
+    args |= kw
     task = cls(**args, **opts).eval()
     if opts.get("revin_affine"):
         with torch.no_grad():

@@ -16,7 +16,7 @@ from tsformer.models import (
 )
 from tsformer.nn.masks import lengths_to_valid
 
-TINY = dict(d_model=32, n_heads=4, n_layers=2)
+TINY = {"d_model": 32, "n_heads": 4, "n_layers": 2}
 POSITIONALS = ["sinusoidal", "learned", "rope", "none"]
 NORMS = ["pre", "post"]
 
@@ -227,7 +227,8 @@ def test_encoder_only_classifies_sequences():
     x[labels == 1, 8:, 0] += 1.5  # class 1: a level shift in the second half
     for pooling in ("cls", "mean"):
         model = EncoderOnly(EncoderOnlyConfig(d_in=2, head="classification", pooling=pooling, n_classes=2, **TINY))
-        train(model, lambda i: F.cross_entropy(model(x[i]), labels[i]), n, steps=150)
+        # train calls the loss within this iteration, while `model` is this one
+        train(model, lambda i: F.cross_entropy(model(x[i]), labels[i]), n, steps=150)  # noqa: B023
         with torch.no_grad():
             loss = F.cross_entropy(model(x), labels).item()
         assert loss < 0.3 * torch.log(torch.tensor(2.0)).item(), (pooling, loss)
@@ -384,7 +385,7 @@ def test_learned_positions_with_patches_are_checked_from_the_shapes():
     for max_len, ok in ((33, True), (32, False)):
         encoder_only = EncoderOnly(EncoderOnlyConfig(d_in=3, head="forecast", context_len=32, horizon=4, max_len=max_len, **common))
         encoder_decoder = EncoderDecoder(EncoderDecoderConfig(d_enc_in=3, max_len=max_len, **common))
-        for run in (lambda: encoder_only(x), lambda: encoder_decoder.encode(x)):
+        for run in (lambda: encoder_only(x), lambda: encoder_decoder.encode(x)):  # noqa: B023 (called now)
             if ok:
                 run()
             else:

@@ -6,7 +6,7 @@ import torch
 from tsformer.models import DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.positional import RotaryEmbedding, SinusoidalPositionalEncoding, build_positional
 
-TINY = dict(d_model=32, n_heads=4, n_layers=2)
+TINY = {"d_model": 32, "n_heads": 4, "n_layers": 2}
 
 
 def test_rope_score_depends_only_on_the_offset():

@@ -33,7 +33,7 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
 def test_train_py_dec_only_student_t(in_tmp):
     overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY]
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
-                          cwd=in_tmp, capture_output=True, text=True, timeout=600)
+                          cwd=in_tmp, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "coverage_80" in proc.stdout  # the summary prints the probabilistic metrics
 

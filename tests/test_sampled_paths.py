@@ -22,7 +22,7 @@ from tsformer.tasks import (
 )
 from tsformer.tasks.probabilistic import SampleForecast
 
-TINY = dict(d_model=32, n_heads=4, n_layers=2, max_len=64)
+TINY = {"d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 64}
 B, N, M, S = 3, 10, 7, 5
 
 

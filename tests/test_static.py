@@ -26,10 +26,11 @@ def plant_with_statics(n_series=3, n_steps=300) -> pd.DataFrame:
 
 
 def make_dm(df, **kw):
-    args = dict(
-        target_cols=TARGETS, known_cols=KNOWN, series_col="series_id", context_len=12, horizon=4,
-        static_cols=["rated_kw"], static_categorical_cols=["kind", "series_id"], eval_batch_size=1000,
-    )
+    args = {
+        "target_cols": TARGETS, "known_cols": KNOWN, "series_col": "series_id", "context_len": 12,
+        "horizon": 4, "static_cols": ["rated_kw"], "static_categorical_cols": ["kind", "series_id"],
+        "eval_batch_size": 1000,
+    }
     dm = TimeSeriesDataModule(df, **(args | kw))
     dm.setup()
     return dm

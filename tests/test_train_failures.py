@@ -7,7 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import TINY
-from test_data_validation import BAD_INPUTS, good_table  # the data tests' broken tables, here through train.run
+from test_data_validation import BAD_INPUTS, good_table  # the data tests' broken tables, through train.run
 from tsformer.data import DataValidationError
 from tsformer.train import compose_config, run
 
