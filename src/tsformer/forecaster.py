@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -243,45 +244,58 @@ def _check_json(value, hint, where: str, path: Path) -> None:
     """Raise `ModelFolderError` unless the JSON `value` (at key `where` of the file `path`) is a `hint`:
     int, float, str, bool, dict, list[...], dict[str, ...], a union of those with None, or a
     dataclass (a JSON object with its fields as keys)."""
+    if not _fits(value, hint, where, path):
+        raise ModelFolderError(
+            f"{path}: {where or 'the file'} is {_json_kind(value)}, expected {_hint_name(hint)}: {RESTORE}"
+        )
+
+
+def _fits(value, hint, where: str, path: Path) -> bool:
+    """Whether `value` itself is a `hint`; what it holds (fields, items) is checked on the way, and a
+    wrong part refused with its own key."""
+    kind = typing.get_origin(hint) or hint
     if dataclasses.is_dataclass(hint):
-        if isinstance(value, dict):
-            fields = {f.name: f for f in dataclasses.fields(hint)}
-            required = {
-                name
-                for name, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            }
-            _check_keys(value, typing.get_type_hints(hint), required, where, path)
-            return
-    elif typing.get_origin(hint) in (types.UnionType, typing.Union):
-        for option in typing.get_args(hint):
-            try:
-                _check_json(value, option, where, path)
-                return
-            except ModelFolderError:
-                pass
-    elif hint is type(None):
-        if value is None:
-            return
-    elif hint is typing.Any:
-        return
-    elif hint in (int, float):  # JSON has no int/float distinction for whole floats; bool is no number
-        if isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool):
-            return
-    elif (typing.get_origin(hint) or hint) in (str, bool, list, dict):
-        kind = typing.get_origin(hint) or hint
-        if isinstance(value, kind):
-            args = typing.get_args(hint)
-            if kind is list and args:
-                for i, item in enumerate(value):
-                    _check_json(item, args[0], f"{where}[{i}]", path)
-            elif kind is dict and args:
-                for key, item in value.items():
-                    _check_json(item, args[1], f"{where}.{key}", path)
-            return
-    raise ModelFolderError(
-        f"{path}: {where or 'the file'} is {_json_kind(value)}, expected {_hint_name(hint)}: {RESTORE}"
-    )
+        return isinstance(value, dict) and _fields_fit(value, hint, where, path)
+    if kind in (types.UnionType, typing.Union):
+        return any(_fits_quietly(value, option, where, path) for option in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is typing.Any:
+        return True
+    if hint in (int, float):  # JSON has no int/float distinction for whole floats; bool is no number
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if kind in (str, bool, list, dict):
+        return isinstance(value, kind) and _items_fit(value, typing.get_args(hint), where, path)
+    return False
+
+
+def _fits_quietly(value, option, where: str, path: Path) -> bool:
+    """One option of a union: whether `value`, with all it holds, is one."""
+    try:
+        _check_json(value, option, where, path)
+    except ModelFolderError:
+        return False
+    return True
+
+
+def _fields_fit(value: dict, hint, where: str, path: Path) -> bool:
+    """The JSON object `value` as the dataclass `hint`: its fields' keys and values (refused if not)."""
+    unset = dataclasses.MISSING
+    required = {f.name for f in dataclasses.fields(hint) if f.default is unset and f.default_factory is unset}
+    _check_keys(value, typing.get_type_hints(hint), required, where, path)
+    return True
+
+
+def _items_fit(value, args: tuple, where: str, path: Path) -> bool:
+    """The items of a list (`args`: its item type) or the values of a dict (`args`: key and value
+    types) checked; a str or bool, or a list or dict without `args`, holds nothing to check."""
+    if args and isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, args[0], f"{where}[{i}]", path)
+    elif args and isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(item, args[1], f"{where}.{key}", path)
+    return True
 
 
 def _check_keys(value: dict, hints: dict, required: set[str], where: str, path: Path) -> None:
@@ -346,52 +360,66 @@ def _build_task(task_class_name: str, hparams: dict, path: Path) -> WindowTask:
 def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
     """Every count that follows from the column roles (the scalers' numbers, the static vocabularies, the
     network's input sizes and window), and the values that `predict` relies on (scales above 0, known
-    calendar features, a fixed frequency, a fill method)."""
-
-    def refuse(problem: str):
+    calendar features, a fixed frequency, a fill method); the first problem found is refused."""
+    problems = itertools.chain(
+        _role_problems(c), _scaler_problems(c), _value_problems(c), _network_problems(c, hparams)
+    )
+    problem = next(problems, None)
+    if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
 
-    covariates = [*c.known_cols, *c.observed_cols]
+
+def _role_problems(c: DataContract):
     series = [c.series_col] if c.series_col else []
-    roles = [c.time_col, *series, *c.target_cols, *covariates, *c.static_cols, *c.static_categorical_cols]
+    roles = [c.time_col, *series, *c.target_cols, *c.known_cols, *c.observed_cols, *c.static_cols,
+             *c.static_categorical_cols]  # fmt: skip
     if not c.target_cols:
-        refuse("data.target_cols is empty")
+        yield "data.target_cols is empty"
     twice = sorted({col for col in roles if roles.count(col) > 1} - {c.series_col})  # the id may be a static
     if twice:
-        refuse(f"column(s) {twice} named in more than one role of data")
+        yield f"column(s) {twice} named in more than one role of data"
+
+
+def _scaler_problems(c: DataContract):
     for name, affine, columns in [
         ("data.target_scaler", c.target_scaler, c.target_cols),
-        ("data.covariate_scaler", c.covariate_scaler, covariates),
+        ("data.covariate_scaler", c.covariate_scaler, [*c.known_cols, *c.observed_cols]),
         ("data.static_scaler", c.static_scaler, c.static_cols),
     ]:
         if affine is None:
             if columns:
-                refuse(f"{name} is null, but the columns {columns} need one")
+                yield f"{name} is null, but the columns {columns} need one"
             continue
         for part, numbers in (("scale", affine.scale), ("offset", affine.offset)):
             if len(numbers) != len(columns):
-                refuse(f"{name}.{part} has {len(numbers)} number(s), one per column of {columns} expected")
+                yield f"{name}.{part} has {len(numbers)} number(s), one per column of {columns} expected"
             if not all(math.isfinite(v) for v in numbers):
-                refuse(f"{name}.{part} is {numbers}, expected finite numbers")
+                yield f"{name}.{part} is {numbers}, expected finite numbers"
             if part == "scale" and min(numbers, default=1) <= 0:  # the quantiles' order needs scales above 0
-                refuse(f"{name}.scale is {numbers}, expected numbers above 0")
+                yield f"{name}.scale is {numbers}, expected numbers above 0"
+
+
+def _value_problems(c: DataContract):
     if set(c.static_vocabularies) != set(c.static_categorical_cols):
-        refuse(
+        yield (
             f"data.static_vocabularies has categories for {sorted(c.static_vocabularies)}, expected for the "
             f"static categorical columns {c.static_categorical_cols}"
         )
     unknown_features = [f for f in c.calendar if f not in CALENDAR_FEATURES]
     if unknown_features:
-        refuse(f"data.calendar has unknown feature(s) {unknown_features}; known: {list(CALENDAR_FEATURES)}")
+        yield f"data.calendar has unknown feature(s) {unknown_features}; known: {list(CALENDAR_FEATURES)}"
     try:
         fixed_step(to_offset(c.freq))
     except (ValueError, TypeError) as err:  # DataValidationError is a ValueError
-        refuse(f"data.freq {c.freq!r} is not a fixed pandas frequency ({_first_line(err)})")
+        yield f"data.freq {c.freq!r} is not a fixed pandas frequency ({_first_line(err)})"
     if c.fill not in (None, *FILL_METHODS) or (c.fill is not None and c.max_fill_steps < 1):
-        refuse(
+        yield (
             f"data.fill {c.fill!r} with max_fill_steps {c.max_fill_steps}, expected one of {FILL_METHODS} "
             "with max_fill_steps >= 1, or null"
         )
+
+
+def _network_problems(c: DataContract, hparams: dict):
     # the network reads the contract's columns: its sizes must be theirs (its target_names only name
     # its metrics; the forecasts are named by data.target_cols)
     expected = {
@@ -406,11 +434,28 @@ def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
     for key, value in expected.items():
         found = hparams.get(key)
         if found != value and not (key == "static_vocab_sizes" and found is None and not value):
-            refuse(f"hparams.{key} is {found!r}, but data makes it {value!r}")
+            yield f"hparams.{key} is {found!r}, but data makes it {value!r}"
 
 
 def _load_weights(task: WindowTask, path: Path) -> None:
     """`weights.pt` into `task`, once every name and shape is known to fit and every value is finite."""
+    state = _read_weights(path)
+    mismatch = _mismatch(state, task.state_dict())
+    if mismatch:
+        raise ModelFolderError(
+            f"{path} does not fit the network {CONFIG_FILE} describes: {mismatch};"
+            f" the two files come from different models: {RESTORE}"
+        )
+    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if broken:
+        raise ModelFolderError(
+            f"{path}: {len(broken)} weight(s) hold NaN or infinite values (e.g. {broken[0]!r}): {RESTORE}"
+        )
+    task.load_state_dict(state)
+
+
+def _read_weights(path: Path) -> dict:
+    """The state dict in `weights.pt`: a file torch reads, holding named tensors only."""
     if not path.is_file():
         raise ModelFolderError(f"{path} is missing: {RESTORE}")
     if path.stat().st_size == 0:
@@ -424,27 +469,26 @@ def _load_weights(task: WindowTask, path: Path) -> None:
         isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
     ):
         raise ModelFolderError(f"{path}: holds other things than named tensors (a state dict): {RESTORE}")
-    own = task.state_dict()
+    return state
+
+
+def _mismatch(state: dict, own: dict) -> str:
+    """How the weights `state` do not fit the network's own state dict `own` ("" when they fit)."""
     missing = [k for k in own if k not in state]
     unknown = [k for k in state if k not in own]
     reshaped = [k for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unknown or reshaped:
-        problems = [
-            f"{len(missing)} weight(s) missing (e.g. {missing[0]!r})" if missing else "",
-            f"{len(unknown)} unknown (e.g. {unknown[0]!r})" if unknown else "",
-            f"{len(reshaped)} of another shape (e.g. {reshaped[0]!r}: {list(state[reshaped[0]].shape)}, the "
-            f"network has {list(own[reshaped[0]].shape)})" if reshaped else "",
-        ]  # fmt: skip
-        raise ModelFolderError(
-            f"{path} does not fit the network {CONFIG_FILE} describes: {', '.join(p for p in problems if p)};"
-            f" the two files come from different models: {RESTORE}"
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} weight(s) missing (e.g. {missing[0]!r})")
+    if unknown:
+        problems.append(f"{len(unknown)} unknown (e.g. {unknown[0]!r})")
+    if reshaped:
+        k = reshaped[0]
+        problems.append(
+            f"{len(reshaped)} of another shape (e.g. {k!r}: {list(state[k].shape)}, the network has "
+            f"{list(own[k].shape)})"
         )
-    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if broken:
-        raise ModelFolderError(
-            f"{path}: {len(broken)} weight(s) hold NaN or infinite values (e.g. {broken[0]!r}): {RESTORE}"
-        )
-    task.load_state_dict(state)
+    return ", ".join(problems)
 
 
 def _first_line(err: Exception) -> str:

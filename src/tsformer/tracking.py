@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from tsformer.config import checkout_root
+
 if TYPE_CHECKING:  # Lightning takes seconds to import: `predict.py` checks a server without it
     from lightning.pytorch.loggers import MLFlowLogger
 
@@ -161,7 +163,9 @@ def require_reachable_servers(cfg: DictConfig) -> None:
 
 def git_commit() -> str:
     """The commit of the code that ran (with '-dirty' for uncommitted changes), or 'unknown'."""
-    here = Path(__file__).resolve().parent
+    here = checkout_root()
+    if here is None:  # an installed package: a repository around its folder is another project's
+        return "unknown"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True, timeout=5

@@ -42,6 +42,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, settings, sweep, tracking
+from tsformer.config import checkout_root, config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.export import forecasts_frame, mae_by_step, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
@@ -51,10 +52,8 @@ from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
 
-# conf/ and predict.py sit at the top of the repository: found from this file, so any working
-# directory works.
-REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = str(REPO / "conf")
+# absolute (as Hydra needs), so any working directory works: the checkout's conf/, else the wheel's
+CONFIG_DIR = str(config_dir())
 # What the user's data or settings got wrong: `main` prints the message alone (it names the file,
 # column and row, or the setting) and exits 2, as predict.py does; any other error keeps its traceback.
 USER_ERRORS = (DataValidationError, SettingError, FileNotFoundError, tracking.TrackingServerUnreachable)
@@ -438,7 +437,9 @@ def _predict_command(model) -> str:
         return shlex.quote(relative if not relative.startswith("..") else str(path))
 
     # sys.executable unresolved: a virtual environment's python is a link to the base interpreter
-    return f"{shown(sys.executable)} {shown(REPO / 'predict.py')} {model} <table.csv> --output forecasts.csv"
+    repo = checkout_root()  # predict.py sits beside conf/ in a checkout; an installed package has its module
+    script = shown(repo / "predict.py") if repo else "-m tsformer.predict"
+    return f"{shown(sys.executable)} {script} {model} <table.csv> --output forecasts.csv"
 
 
 def _user_error(err: BaseException) -> BaseException | None:

@@ -28,8 +28,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tsformer.config import config_dir
 from tsformer.data import ett, simulators
-from tsformer.data.sources import REPO_ROOT
 
 CHUNK = 1 << 20  # bytes read at a time
 TIMEOUT_S = 60  # per network operation (connect, each read), not for the whole file
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     return _run(parser.parse_args(argv))
 
 
-DATA_CONFIGS = REPO_ROOT / "conf" / "data"
+DATA_CONFIGS = config_dir() / "data"
 SIMULATOR_PREFIX = "tsformer.data.simulators."
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tsformer.config import checkout_root
 from tsformer.data.schema import DataValidationError, setting_name
 
 READERS = {".csv": pd.read_csv, ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
@@ -63,8 +64,9 @@ def load_table(path, **csv_options) -> pd.DataFrame:
     return table
 
 
-# Relative data paths are also looked up here, so that train.py finds the data from any folder.
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# In a checkout, relative data paths are also looked up under it, so that train.py finds data/ from any
+# folder; an installed package has no such place (None).
+REPO_ROOT = checkout_root()
 
 
 def find_first(candidates, hint: str, file_name: str | None = None) -> Path:
@@ -72,15 +74,16 @@ def find_first(candidates, hint: str, file_name: str | None = None) -> Path:
     the candidates are folders and the first `<folder>/<file_name>` that exists is returned.
 
     Each file is looked up on its own, so one file placed in the first folder does not hide the
-    others in the next. A relative candidate is tried in the working directory, then under the
-    repository root (once where the two are the same folder). None found: FileNotFoundError naming
+    others in the next. A relative candidate is tried in the working directory, then, running from a
+    checkout, under its root (once where the two are the same folder). None found: FileNotFoundError naming
     the file, every place tried once, and `hint` (where the data comes from, what to do).
     """
     candidates = [candidates] if isinstance(candidates, (str, os.PathLike)) else list(candidates)
     tried = []
     for candidate in candidates:
         path = Path(candidate).expanduser()
-        for place in [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]:
+        bases = [Path.cwd(), REPO_ROOT] if REPO_ROOT is not None else [Path.cwd()]
+        for place in [path] if path.is_absolute() else [base / path for base in bases]:
             place = Path(os.path.normpath(place))
             if place in tried:
                 continue
