@@ -1,7 +1,8 @@
-"""The ETT benchmark (`data=ett`, `experiment=ett`, `experiment=ett/<name>_<L>_<H>`): the standard protocol.
+"""The ETT benchmark (`data=ett`, `experiment=ett data.name=<name> model.context_len=<L> model.horizon=<H>`):
+the standard protocol.
 
-Tests on the real files skip where ../shared/data/ETT-small is absent (the files are never in the
-repository); the config and loader checks that need no data always run.
+Tests on the real files skip where ../shared/data/ETT-small (a fallback folder of the loader) is absent
+(the files are never in the repository); the config and loader checks that need no data always run.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from conftest import REPO, TINY
 from tsformer.data import ett
@@ -135,39 +136,82 @@ def test_end_to_end_every_test_window_is_in_the_forecasts_csv(in_tmp):
 # -- without the data ---------------------------------------------------------------------------------
 
 
-def test_preset_files_are_the_generated_ones():
-    folder = Path(CONFIG_DIR) / "experiment" / "ett"
-    on_disk = {p.name: p.read_text() for p in folder.glob("*.yaml")}
-    expected = ett.presets()
-    assert sorted(on_disk) == sorted(expected), "regenerate with: python -m tsformer.data.ett"
-    for name, text in expected.items():
-        assert on_disk[name] == text, f"{name} differs from the generator (python -m tsformer.data.ett)"
-    assert len(expected) == 4 * 3 * 4
+# The 48 files conf/experiment/ett/<name>_<L>_<H>.yaml that `experiment=ett data.name=<name>
+# model.context_len=<L> model.horizon=<H>` replaced: each set exactly these three values over experiment=ett.
+OLD_PRESETS = [
+    (name, L, H) for name in ("ETTh1", "ETTh2", "ETTm1", "ETTm2") for L in (96, 336, 512) for H in (96, 192, 336, 720)
+]
+# What experiment=ett gives every combination (the old files changed none of it)
+PROTOCOL = {
+    "data.val_start": "2017-06-26 00:00",
+    "data.test_start": "2017-10-24 00:00",
+    "data.source.end": "2018-02-21 00:00",
+    "data.source._target_": "tsformer.data.ett.load_ett",
+    "data.source.folder": ["data/ETT-small"],
+    "data.target_cols": COLUMNS,
+    "data.known_cols": [],
+    "data.calendar_features": [],
+    "data.scaler": "standard",
+    "data.eval_stride": 1,
+    "data.batch_size": 32,
+    "data.eval_batch_size": 256,
+    "trainer.max_epochs": 10,
+    "callbacks.early_stopping.patience": 3,
+    "model._target_": "tsformer.tasks.EncoderForecaster",
+}
 
 
-def test_every_ett_experiment_composes():
-    """experiment=ett and each preset: the protocol's settings, the preset's data set and window."""
+def test_experiment_ett_composes_every_old_preset(tmp_path):
+    """experiment=ett with data.name, model.context_len and model.horizon gives what each old preset
+    file gave: its data set and window, on the same protocol; nothing else depends on the three."""
+    assert len(OLD_PRESETS) == 48
+    base = OmegaConf.to_container(compose_config(["experiment=ett"], tmp_path), resolve=True)
+    assert (base["data"]["name"], base["model"]["context_len"], base["model"]["horizon"]) == ("ETTh1", 96, 96)
+    for name, L, H in OLD_PRESETS:
+        overrides = ["experiment=ett", f"data.name={name}", f"model.context_len={L}", f"model.horizon={H}"]
+        cfg = compose_config(overrides, tmp_path)
+        assert cfg.data.source.name == name and cfg.data.name == name, overrides
+        assert (cfg.model.context_len, cfg.model.horizon) == (L, H), overrides
+        assert (cfg.data.context_len, cfg.data.horizon) == (L, H), overrides
+        for key, value in PROTOCOL.items():
+            got = OmegaConf.select(cfg, key)
+            got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+            assert got == value, (overrides, key)
+        # the rest of the config is the default combination's
+        changed = differing_keys(base, OmegaConf.to_container(cfg, resolve=True))
+        assert changed <= {"data.name", "data.source.name", "data.context_len", "data.horizon",
+                           "model.context_len", "model.horizon"}, (overrides, changed)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        names = [("ett", "ETTh1", 96, 96)] + [
-            (f"ett/{ett.preset_name(n, L, H)}", n, L, H)
-            for n in ett.DATASETS
-            for L in ett.PRESET_CONTEXT_LENS
-            for H in ett.PRESET_HORIZONS
-        ]
-        for experiment, name, L, H in names:
-            cfg = compose("train", overrides=[f"experiment={experiment}"])
-            assert cfg.data.source.name == name and cfg.data.name == name, experiment
-            assert (cfg.model.context_len, cfg.model.horizon) == (L, H), experiment
-            assert (cfg.data.context_len, cfg.data.horizon) == (L, H), experiment
-            assert cfg.model._target_ == "tsformer.tasks.EncoderForecaster"
-            assert cfg.data.source._target_ == "tsformer.data.ett.load_ett"
-            assert (cfg.data.val_start, cfg.data.test_start) == ("2017-06-26 00:00", "2017-10-24 00:00")
-            assert cfg.data.source.end == "2018-02-21 00:00"
-            assert list(cfg.data.target_cols) == COLUMNS
-            assert list(cfg.data.known_cols) == [] and list(cfg.data.calendar_features) == []
-            assert cfg.data.scaler == "standard" and cfg.data.eval_stride == 1
-    GlobalHydra.instance().clear()
+
+
+def differing_keys(a, b, prefix="") -> set[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = set(a) | set(b)
+        return set().union(*(differing_keys(a.get(k), b.get(k), f"{prefix}{k}.") for k in keys)) if keys else set()
+    return set() if a == b else {prefix.rstrip(".")}
+
+
+def test_ett_config_names_only_paths_in_the_repository():
+    text = (Path(CONFIG_DIR) / "data" / "ett.yaml").read_text()
+    assert "../" not in text.split("defaults:", 1)[1] and "/work/" not in text
+    assert not (Path(CONFIG_DIR) / "experiment" / "ett").exists()
+
+
+def test_loader_falls_back_to_the_env_folder_then_the_shared_copy(tmp_path, monkeypatch):
+    (tmp_path / "copy" / "ETT-small").mkdir(parents=True)
+    write_ett_like(tmp_path / "copy" / "ETT-small" / "ETTh2.csv", 14400)
+    monkeypatch.setenv(ett.DATA_DIR_ENV, str(tmp_path / "copy"))
+    folders = ett.fallback_folders()
+    assert folders[0] == tmp_path / "copy" / "ETT-small"
+    assert folders[-1] == REPO.parent / "shared" / "data" / "ETT-small"
+    # the config's folder (empty here) first, then the env's copy
+    (tmp_path / "empty").mkdir()
+    assert len(load_ett([tmp_path / "empty"], "ETTh2")) == 14400
+    # a file in none of them: the error names the config's folder and every fallback
+    monkeypatch.setattr(ett, "fallback_folders", lambda: [tmp_path / "copy" / "ETT-small"])
+    with pytest.raises(FileNotFoundError) as err:
+        load_ett(tmp_path / "empty", "ETTm2")
+    assert str(tmp_path / "empty") in str(err.value) and str(tmp_path / "copy" / "ETT-small") in str(err.value)
 
 
 def test_protocol_timestamps_are_the_protocols_rows():
@@ -227,7 +271,8 @@ def test_missing_file_error_lists_each_folder_once_and_every_way_to_get_it(tmp_p
     assert all(way in message for way in ways), message
 
 
-def test_loader_errors_name_the_fix(tmp_path):
+def test_loader_errors_name_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(ett, "fallback_folders", list)  # no shared copy to fall back on
     with pytest.raises(FileNotFoundError, match="tsformer-data fetch ett"):
         load_ett([tmp_path / "a", tmp_path / "b"], "ETTh1")
     with pytest.raises(FileNotFoundError, match="ETTm2.csv"):

@@ -165,7 +165,7 @@ def test_unreachable_server_names_the_url(tmp_path):
     assert leftovers(tmp_path / "dest") == []
 
 
-def test_failed_fetch_leaves_no_folder_and_names_the_other_ways(tmp_path, capsys):
+def test_failed_fetch_leaves_no_folder_and_names_the_other_ways(tmp_path, capsys, monkeypatch):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
     port = server.server_address[1]
     server.server_close()  # nothing listens on that port any more
@@ -178,6 +178,7 @@ def test_failed_fetch_leaves_no_folder_and_names_the_other_ways(tmp_path, capsys
     for part in ["ETTh1.csv, ETTm1.csv", "--base-url", ett.SOURCE_URL, "by hand", str(dest)]:
         assert part in error[0]
     # the next command, a run on that folder, gives the same ways, not only the fetch that failed
+    monkeypatch.setattr(ett, "fallback_folders", list)  # no shared copy to fall back on
     with pytest.raises(FileNotFoundError) as err:
         ett.load_ett(dest, "ETTh1")
     assert "--base-url" in str(err.value) and ett.SOURCE_URL in str(err.value)

@@ -304,16 +304,20 @@ def test_patchtst_preset_is_the_papers_setup(in_tmp):
     assert (m.revin, m.channel_independent, m.patch_len, m.patch_stride) == (True, True, 16, 8)
     assert (m.net.d_model, m.net.n_layers, m.net.n_heads, m.net.dropout) == (128, 3, 16, 0.2)
     assert n_patches(m.context_len, m.patch_len, m.patch_stride) == 64
+    # the blocks and training of PatchTST's code
+    assert (m.net.norm_layer, m.net.norm, m.net.residual_attention) == ("batch", "post", True)
+    assert (m.net.attention_dropout, m.net.attention_output_dropout) == (0, pytest.approx(1 - 0.8**2))
+    assert (m.lr, m.weight_decay, m.lr_schedule) == (1.0e-4, 0, "epoch_decay")
 
 
-PATCHTST_BLOCKS = ["model.net.norm_layer=batch", "model.net.norm=post", "model.net.residual_attention=true"]
+LAYERNORM_BLOCKS = ["model.net.norm_layer=layer", "model.net.norm=pre", "model.net.residual_attention=false"]
 
 
-@pytest.mark.parametrize("blocks", [[], PATCHTST_BLOCKS], ids=["preset", "paper_blocks"])
+@pytest.mark.parametrize("blocks", [[], LAYERNORM_BLOCKS], ids=["preset", "layernorm_blocks"])
 def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     """Tiny sizes: a few steps of training, forecasts of the right shape, and the saved model folder
-    forecasts what training exported; also with the blocks of PatchTST's code (BatchNorm after each
-    sublayer, residual attention)."""
+    forecasts what training exported; also with LayerNorm before each sublayer instead of the preset's
+    BatchNorm after it."""
     overrides = ["model=patchtst", *TINY, "model.context_len=48", "model.horizon=24", "logger=none", *blocks]
     result = run(compose_config(overrides, in_tmp / "out"))
     targets = ["dynamic_temperature", "dynamic_pressure"]
@@ -325,7 +329,7 @@ def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     forecaster = Forecaster.load(result.model_folder)
     hp = forecaster.task.hparams
     assert (hp.revin, hp.channel_independent, hp.patch_len, hp.patch_stride) == (True, True, 16, 8)
-    assert hp.net["residual_attention"] == bool(blocks)
+    assert hp.net["residual_attention"] == (not blocks)
     origin = pd.Timestamp(result.forecasts.origin_time.max())
     table = simulate_plant(n_series=2, n_steps=800, freq="1min", seed=0)
     table = table[table.time <= origin + 24 * pd.Timedelta("1min")].copy()

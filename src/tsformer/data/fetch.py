@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
 
 DESCRIPTION = (
     "Download the ETT benchmark files (ETTh1, ETTh2, ETTm1, ETTm2) and check their sha256;\n"
-    "a file with another hash is refused (deleted). Then: python train.py experiment=ett/ETTh1_96_96"
+    "a file with another hash is refused (deleted). Then: python train.py experiment=ett data.name=ETTh1"
 )
 
 
