@@ -31,7 +31,18 @@ def section(text: str, heading: str) -> str:
 
 def fenced(body: str, lang: str) -> list[str]:
     """The contents of the ```lang blocks in `body` (lang "" for blocks without a language)."""
-    return re.findall(rf"^```{lang}\n(.*?)^```$", body, flags=re.MULTILINE | re.DOTALL)
+    blocks, current, opened = [], None, None
+    for line in body.splitlines():
+        if not line.startswith("```"):
+            if current is not None:
+                current.append(line)
+        elif current is None:
+            current, opened = [], line[3:].strip()
+        else:
+            if opened == lang:
+                blocks.append("\n".join(current) + "\n")
+            current = None
+    return blocks
 
 
 def commands() -> list[str]:
@@ -112,7 +123,7 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch):
         assert proc.returncode == 0, (line, proc.stderr[-3000:])
         ran.append(line)
         if words[1:2] == [str(REPO / "train.py")]:
-            (run_id,) = re.findall(r"MLflow run id: ([0-9a-f]{32})", proc.stdout)
+            (run_id,) = set(re.findall(r"MLflow run id: ([0-9a-f]{32})", proc.stdout))  # log and summary
             if len(words) == 2 + len(TINY):  # the default run: its summary has the README's form
                 sample = fenced(section(README.read_text(), "## Quick start"), "")[0]
                 printed = {shown_as(x) for x in proc.stdout.splitlines()}
