@@ -309,6 +309,7 @@ def test_patchtst_preset_is_the_papers_setup(in_tmp):
 PATCHTST_BLOCKS = ["model.net.norm_layer=batch", "model.net.norm=post", "model.net.residual_attention=true"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [[], PATCHTST_BLOCKS], ids=["preset", "paper_blocks"])
 def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     """Tiny sizes: a few steps of training, forecasts of the right shape, and the saved model folder
