@@ -70,7 +70,9 @@ def plant_csv_overrides(path) -> list[str]:
     ]
 
 
-def random_windows(n_hist: int, n_fut: int, d_target: int, d_known: int, d_observed: int, seed: int = 0) -> dict:
+def random_windows(
+    n_hist: int, n_fut: int, d_target: int, d_known: int, d_observed: int, seed: int = 0
+) -> dict:
     """A batch of 4 windows of standard normal values, as `WindowDataset` batches them (windows 0..3);
     the parts drawn in this order from one generator seeded with `seed`."""
     g = torch.Generator().manual_seed(seed)

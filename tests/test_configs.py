@@ -55,6 +55,7 @@ def test_groups_have_the_options_the_docs_name():
     assert {"point", "gaussian", "student_t", "quantile"} <= set(options("head"))
 
 
+@pytest.mark.slow  # builds the data and the model of every pair
 @pytest.mark.parametrize("head", options("head"))
 @pytest.mark.parametrize("model", options("model"))
 def test_each_head_with_each_model(model, head, in_tmp):
@@ -73,6 +74,7 @@ def test_each_head_with_each_model(model, head, in_tmp):
         assert quantiles.shape == (*point.shape, 3) and (quantiles.diff(dim=-1) >= 0).all()
 
 
+@pytest.mark.slow  # builds the data and the model of every pair
 @pytest.mark.parametrize("model", options("model"))
 @pytest.mark.parametrize(
     "data", marked([d for d in options("data") if d != "csv"], REAL_DATA, pytest.mark.needs_data)

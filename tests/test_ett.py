@@ -146,6 +146,7 @@ def test_preset_files_are_the_generated_ones():
     assert len(expected) == 4 * 3 * 4
 
 
+@pytest.mark.slow  # composes all the presets
 def test_every_ett_experiment_composes():
     """experiment=ett and each preset: the protocol's settings, the preset's data set and window."""
     GlobalHydra.instance().clear()
