@@ -1,5 +1,9 @@
-"""Shared helpers: tiny settings for end-to-end runs, a batch of random windows, and an empty working
-folder."""
+"""Shared helpers: tiny settings for end-to-end runs, a batch of random windows, an empty working
+folder, and the skip of tests whose real data is absent.
+
+Test tiers (markers registered in pyproject.toml): `slow` trains (train.py's run, a fit, a train.py or
+predict.py process, a notebook, DDP, a sweep), `needs_data` reads the real data sets of ../shared/data,
+`gpu` needs CUDA. `make test-fast` leaves out all three; `make test` runs everything."""
 
 from __future__ import annotations
 
@@ -16,6 +20,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # computes on one thread (several threads per worker would only fight over the same cores)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which would read the files
+def pytest_runtest_setup(item):
+    """A test marked `needs_data(path, ...)` is skipped where one of its paths is absent: the real data
+    sets are never in the repository."""
+    for mark in item.iter_markers("needs_data"):
+        missing = [p for p in mark.args if not Path(p).exists()]
+        if missing:
+            pytest.skip(f"real data not here: {missing[0]}")
+
+
+def marked(params, which, mark) -> list:
+    """`params` for parametrize, those in `which` carrying `mark` (e.g. a data set that needs_data)."""
+    return [pytest.param(p, marks=mark) if p in which else p for p in params]
+
 
 # Tiny settings for end-to-end runs on 2 CPU cores: a few steps, a small model, little data.
 TINY = [
@@ -50,7 +70,9 @@ def plant_csv_overrides(path) -> list[str]:
     ]
 
 
-def random_windows(n_hist: int, n_fut: int, d_target: int, d_known: int, d_observed: int, seed: int = 0) -> dict:
+def random_windows(
+    n_hist: int, n_fut: int, d_target: int, d_known: int, d_observed: int, seed: int = 0
+) -> dict:
     """A batch of 4 windows of standard normal values, as `WindowDataset` batches them (windows 0..3);
     the parts drawn in this order from one generator seeded with `seed`."""
     g = torch.Generator().manual_seed(seed)

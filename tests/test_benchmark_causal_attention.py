@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.slow  # a fresh Python process, its imports and the benchmark
 def test_causal_attention_benchmark_checks_its_split_and_prints_every_variant(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
     cmd = [sys.executable, str(REPO / "benchmarks" / "causal_attention.py"), "--shape", "2", "2", "9", "4",

@@ -179,6 +179,7 @@ def coverage_by_step(task, datamodule, split: str) -> torch.Tensor:
     return torch.cat(covered).mean(dim=0)  # (T, Dy)
 
 
+@pytest.mark.slow
 def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_tmp):
     overrides = ["model=enc_only_forecast", "head=gaussian", *TINY, "logger=none"]
     result = run(compose_config([*overrides, "model.head.calibration_window=null"], in_tmp / "out"))
@@ -206,6 +207,7 @@ def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_
         assert other.metrics["test/mse"] == pytest.approx(result.metrics["test/mse"])  # the median moves not
 
 
+@pytest.mark.slow
 def test_model_folders_of_format_1_load_only_with_a_point_head(in_tmp):
     """Format 2 changed what a distribution head's weights mean (median-anchored quantile knots, the
     spread factors): an older folder with one is refused with a message, a point-head folder loads."""

@@ -8,9 +8,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from conftest import marked
 from tsformer.train import CONFIG_DIR, _instantiate_group, compose_config
 
 CONF = Path(CONFIG_DIR)
+# the data= and experiment= options that read a real data set, not a simulation
+REAL_DATA = {"ett", "gas_turbine", "wind_scada", "wind_scada_forecast_error"}
 
 
 def options(group: str) -> list[str]:
@@ -52,6 +55,7 @@ def test_groups_have_the_options_the_docs_name():
     assert {"point", "gaussian", "student_t", "quantile"} <= set(options("head"))
 
 
+@pytest.mark.slow  # builds the data and the model of every pair
 @pytest.mark.parametrize("head", options("head"))
 @pytest.mark.parametrize("model", options("model"))
 def test_each_head_with_each_model(model, head, in_tmp):
@@ -70,8 +74,11 @@ def test_each_head_with_each_model(model, head, in_tmp):
         assert quantiles.shape == (*point.shape, 3) and (quantiles.diff(dim=-1) >= 0).all()
 
 
+@pytest.mark.slow  # builds the data and the model of every pair
 @pytest.mark.parametrize("model", options("model"))
-@pytest.mark.parametrize("data", [d for d in options("data") if d != "csv"])
+@pytest.mark.parametrize(
+    "data", marked([d for d in options("data") if d != "csv"], REAL_DATA, pytest.mark.needs_data)
+)
 def test_each_model_with_each_data_set(model, data, in_tmp):
     cfg = compose_small([f"model={model}", f"data={data}"], in_tmp / "out")
     if (model, data) == ("enc_only", "ett"):  # ETT has no covariates: nothing to rebuild the states from
@@ -87,14 +94,14 @@ def test_each_model_with_each_data_set(model, data, in_tmp):
     assert pred.shape == task.true_target(batch).shape
 
 
-@pytest.mark.parametrize("experiment", options("experiment"))
+@pytest.mark.parametrize("experiment", marked(options("experiment"), REAL_DATA, pytest.mark.needs_data))
 def test_each_experiment(experiment, in_tmp):
     cfg = compose_small([f"experiment={experiment}"], in_tmp / "out")
     dm, _ = build(cfg)
     assert dm.n_windows("test") > 0
 
 
-@pytest.mark.parametrize("trainer", options("trainer"))
+@pytest.mark.parametrize("trainer", marked(options("trainer"), {"gpu"}, pytest.mark.gpu))
 @pytest.mark.parametrize("logger", options("logger"))
 def test_trainer_callbacks_and_loggers_instantiate(trainer, logger, in_tmp):
     if trainer == "gpu":
@@ -123,6 +130,7 @@ def test_csv_data_requires_the_file_and_targets(in_tmp):
         instantiate(cfg.data)
 
 
+@pytest.mark.slow
 def test_console_script_composes_from_any_folder(tmp_path):
     """`tsformer-train` (installed by pip) finds conf/ wherever it is run from."""
     import subprocess

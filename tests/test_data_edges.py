@@ -277,6 +277,7 @@ def prediction_table(result) -> tuple[pd.DataFrame, pd.Timestamp]:
     return df, origin
 
 
+@pytest.mark.slow
 def test_predict_py_reads_the_table_as_training_did(european_run, tmp_path):
     """Remembered: time format and CSV options; as in training: the column without a role is
     ignored and the name with a space matches. Flags read a file written another way."""
@@ -296,6 +297,7 @@ def test_predict_py_reads_the_table_as_training_did(european_run, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "b.csv", parse_dates=["origin_time"]), out)
 
 
+@pytest.mark.slow
 def test_predict_asks_for_the_time_format_of_ambiguous_dates(european_run, tmp_path, capsys):
     """A model folder without a time format (trained on ISO times, or written before it was kept)
     refuses dd/mm dates that also read mm/dd, rather than move the origin by months."""

@@ -80,6 +80,7 @@ def trained(tmp_path_factory):
     return result, folder
 
 
+@pytest.mark.slow
 def test_readme_simulate_then_predict(trained, monkeypatch):
     result, folder = trained
     monkeypatch.chdir(folder)
@@ -98,6 +99,7 @@ def test_readme_simulate_then_predict(trained, monkeypatch):
     pd.testing.assert_series_equal(origins, last_observed, check_names=False)
 
 
+@pytest.mark.slow
 def test_simulated_table_of_the_training_data_gives_training_forecasts(trained, monkeypatch):
     """The same plant as training, its last `horizon` targets left empty: predict.py forecasts the last
     test window, as training did."""

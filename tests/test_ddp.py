@@ -92,6 +92,7 @@ def check_like_one_process(ddp, one, tmp_path):
     np.testing.assert_allclose(csv.y_pred, expected.y_pred, rtol=1e-4, atol=1e-4 * scale)
 
 
+@pytest.mark.slow
 def test_two_processes_give_one_run_every_window_once_and_the_one_process_metrics(tmp_path, one_process):
     ddp = tmp_path / "ddp"
     proc = train(ddp, ["trainer=ddp", f"data.batch_size={BATCH // 2}"])  # Lightning starts process 1
@@ -104,6 +105,7 @@ def test_two_processes_give_one_run_every_window_once_and_the_one_process_metric
     assert "MLflow run id" not in (ddp / "out" / "train_ddp_process_1.log").read_text()
 
 
+@pytest.mark.slow
 def test_torchrun_starts_the_processes_the_same_run(tmp_path, one_process):
     # both processes start at once: only the first may create the MLflow database
     ddp = tmp_path / "ddp"

@@ -22,7 +22,7 @@ from tsformer.data.ett import COLUMNS, load_ett
 from tsformer.train import CONFIG_DIR, compose_config, run
 
 DATA = REPO.parent / "shared" / "data" / "ETT-small"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"ETT data not found in {DATA}")
+needs_data = pytest.mark.needs_data(DATA)  # skipped where the folder is absent (conftest.py)
 
 # The protocol in rows (Time-Series-Library's Dataset_ETT_hour / Dataset_ETT_minute): borders of the
 # rows each split reads, history included; ETTm is the same times 4.
@@ -101,6 +101,7 @@ def test_first_existing_folder_is_used(tmp_path):
     assert len(load_ett([tmp_path / "absent", DATA], "ETTh1")) == 14400
 
 
+@pytest.mark.slow
 @needs_data
 def test_end_to_end_every_test_window_is_in_the_forecasts_csv(in_tmp):
     """A tiny run on ETTh1 with a short horizon: training is cut short, the test split is not."""
@@ -161,6 +162,7 @@ PROTOCOL = {
 }
 
 
+@pytest.mark.slow  # composes 48 configs
 def test_experiment_ett_composes_every_old_preset(tmp_path):
     """experiment=ett with data.name, model.context_len and model.horizon gives what each old preset
     file gave: its data set and window, on the same protocol; nothing else depends on the three."""

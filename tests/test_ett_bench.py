@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 DATA = REPO.parent / "shared" / "data" / "ETT-small"
-needs_data = pytest.mark.skipif(not (DATA / "ETTh1.csv").is_file(), reason=f"ETT data not found in {DATA}")
+needs_data = pytest.mark.needs_data(DATA / "ETTh1.csv")  # skipped where the file is absent (conftest.py)
 
 
 def parse_tables(text: str) -> list[list[dict[str, str]]]:
@@ -56,6 +56,7 @@ def test_protocol_window_counts():
     assert bench.protocol_test_windows("ETTm1", 96) == 11425
 
 
+@pytest.mark.slow
 @needs_data
 def test_quick_run_writes_results_rows(tmp_path):
     results = tmp_path / "RESULTS.md"
@@ -118,6 +119,7 @@ def test_op_times_ranks_the_ops_a_step_spends_its_time_in():
     assert total_ms >= ops[0][1] > ops[1][1] >= 0  # ms per step, largest first, within the whole
 
 
+@pytest.mark.slow
 @needs_data
 @pytest.mark.parametrize("mode", ["step", "network"])
 def test_throughput_child_times_our_training_step(mode, monkeypatch):

@@ -20,9 +20,7 @@ from tsformer.data import ett, fetch
 from tsformer.data.fetch import FetchError, fetch_ett, sha256_of
 
 SHARED = REPO.parent / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not (SHARED / "ETT-small").is_dir(), reason=f"ETT data not found in {SHARED / 'ETT-small'}"
-)
+needs_data = pytest.mark.needs_data(SHARED / "ETT-small")  # skipped where the folder is absent (conftest.py)
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

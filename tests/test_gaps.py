@@ -88,6 +88,7 @@ def test_filled_steps_do_not_enter_the_loss():
     assert not torch.equal(task.loss(changed), loss)
 
 
+@pytest.mark.slow
 def test_run_with_fill_scores_and_exports_only_measured_steps(in_tmp):
     df = simulate_plant(n_series=2, n_steps=800, seed=0)
     gap = df.time.isin(df.time.drop_duplicates().iloc[[700, 701]])  # in the test period

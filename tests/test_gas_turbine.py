@@ -27,6 +27,7 @@ from tsformer.train import _instantiate_group, compose_config, run
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gas_turbine"
 if not DATA.is_dir():
     pytest.skip(f"gas turbine data not found in {DATA}", allow_module_level=True)
+pytestmark = pytest.mark.needs_data(DATA)  # every test here reads it
 
 ROWS_PER_YEAR = {2011: 7411, 2012: 7628, 2013: 7152, 2014: 7158}  # SOURCE.md
 SPLIT_YEARS = {"train": {2011, 2012}, "val": {2013}, "test": {2014}}  # the paper's protocol
@@ -127,6 +128,7 @@ def test_experiment_builds_the_extra_baselines(experiment_cfg):
     assert baselines["baseline_mlp"].early_stopping
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_train_py_logs_the_model_and_every_baseline(in_tmp):
     overrides = [o for o in TINY if not o.startswith("data.source.")]  # those are the simulators'

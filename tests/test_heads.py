@@ -74,6 +74,7 @@ def test_loss_is_lowest_at_the_true_parameters(head):
                 assert head.loss(moved.expand(len(y), -1, -1), y) > best, (c, p, sign)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", DIST_HEADS, ids=lambda h: h.kind)
 def test_fitting_the_raw_outputs_recovers_the_true_parameters(head):
     """Minimising the loss over the raw outputs (through the head's constraints) finds the truth."""

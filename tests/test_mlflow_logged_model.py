@@ -20,6 +20,9 @@ from tsformer.predict import resolve_model
 from tsformer.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tsformer.train import compose_config, run
 
+# every test here trains through train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):

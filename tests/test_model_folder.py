@@ -23,6 +23,9 @@ from tsformer.forecaster import CONFIG_FILE, WEIGHTS_FILE, Forecaster, ModelFold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster
 from tsformer.train import compose_config, run
 
+# every test here trains through train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> tuple[Path, Path]:

@@ -313,6 +313,7 @@ def test_patchtst_preset_is_the_papers_setup(in_tmp):
 LAYERNORM_BLOCKS = ["model.net.norm_layer=layer", "model.net.norm=pre", "model.net.residual_attention=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [[], LAYERNORM_BLOCKS], ids=["preset", "layernorm_blocks"])
 def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     """Tiny sizes: a few steps of training, forecasts of the right shape, and the saved model folder

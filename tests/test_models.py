@@ -207,6 +207,7 @@ def train(model, loss_fn, n_samples, steps=300, lr=3e-3, batch_size=32):
     return loss.item()
 
 
+@pytest.mark.slow
 def test_encoder_only_reconstructs_states():
     torch.manual_seed(0)
     u, y = synthetic_series(64, 32)
@@ -219,6 +220,7 @@ def test_encoder_only_reconstructs_states():
     assert mse < 0.2 * mean_mse, (mse, mean_mse)
 
 
+@pytest.mark.slow
 def test_encoder_only_classifies_sequences():
     torch.manual_seed(0)
     n = 256
@@ -234,6 +236,7 @@ def test_encoder_only_classifies_sequences():
         assert loss < 0.3 * torch.log(torch.tensor(2.0)).item(), (pooling, loss)
 
 
+@pytest.mark.slow
 def test_decoder_only_learns_to_forecast():
     torch.manual_seed(0)
     u, y = synthetic_series(64, 48)
@@ -251,6 +254,7 @@ def test_decoder_only_learns_to_forecast():
     assert mse < 0.2 * mean_mse, (mse, mean_mse)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_and_forecast_head_learn_to_forecast():
     torch.manual_seed(0)
     n, m = 24, 24

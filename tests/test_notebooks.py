@@ -32,6 +32,7 @@ def test_notebooks_are_committed_without_outputs():
             assert cell.outputs == [] and cell.execution_count is None, (name, cell.source[:60])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TSFORMER_NB_TINY", "1")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 
-from conftest import REPO
+from conftest import REPO, marked
 from test_data_validation import good_table, make_dm, write_csv
 from test_train_failures import N_STEPS, config_for, statuses
 from tsformer.data import DataValidationError
@@ -94,7 +94,7 @@ REAL = {"ETTh1": "ETT-small/ETTh1.csv", "ETTm1": "ETT-small/ETTm1.csv", "gas_tur
         "wind_scada": "wind_turbine_scada/T1.csv"}
 
 
-@pytest.mark.parametrize("name", DATA_SETS)
+@pytest.mark.parametrize("name", marked(DATA_SETS, REAL, pytest.mark.needs_data))
 def test_the_default_rule_flags_nothing_in_the_shipped_data(name, tmp_path, caplog):
     if name in REAL and not (SHARED / REAL[name]).exists():
         pytest.skip(f"{SHARED / REAL[name]} is not here")

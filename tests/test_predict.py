@@ -24,6 +24,9 @@ from tsformer.data import DataValidationError, simulate_plant
 from tsformer.forecaster import Forecaster
 from tsformer.train import compose_config, run
 
+# every test here trains through train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 TARGETS = ["dynamic_temperature", "dynamic_pressure"]
 KEYS = ["series_id", "origin_time", "target_time", "step", "variable"]
 FAMILIES = ["enc_dec", "dec_only", "enc_only_forecast", "enc_only"]

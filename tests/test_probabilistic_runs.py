@@ -30,6 +30,7 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
     assert (q[:, -1] > q[:, 0]).mean() > 0.99  # a spread, not a point
 
 
+@pytest.mark.slow
 def test_train_py_dec_only_student_t(in_tmp):
     overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY]
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
@@ -88,6 +89,7 @@ RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", RUNS.values(), ids=RUNS.keys())
 def test_probabilistic_runs_of_the_other_families(overrides, in_tmp):
     result = run(compose_config([*overrides, "model.head.num_samples=10", *TINY, "logger=none"], in_tmp / "out"))

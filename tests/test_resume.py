@@ -86,12 +86,14 @@ def assert_same_as_reference(client, run_id, reference):
     assert history(client, run_id) == reference["history"]
 
 
+@pytest.mark.slow
 def test_same_seed_same_results(in_tmp, reference):
     result = run(compose_config(RUN, in_tmp / "out"))
     assert result.metrics == reference["metrics"]
     assert history(client_in(in_tmp), result.run_id) == reference["history"]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_by_run_id(in_tmp, reference):
     proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGKILL, in_tmp))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
@@ -112,6 +114,7 @@ def test_sigkill_then_resume_by_run_id(in_tmp, reference):
     assert "checkpoints/best.ckpt" in artifacts
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
     proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGKILL, in_tmp))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
@@ -124,6 +127,7 @@ def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
     assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_killed_and_it_resumes(in_tmp, reference):
     proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGTERM, in_tmp))
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]  # as a process killed by SIGTERM
@@ -137,6 +141,7 @@ def test_sigterm_marks_the_run_killed_and_it_resumes(in_tmp, reference):
     assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_the_run_killed_and_it_resumes(in_tmp, reference):
     proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGINT, in_tmp))
     assert proc.returncode == 1, proc.stderr[-3000:]  # Lightning's exit after a KeyboardInterrupt
@@ -149,6 +154,7 @@ def test_ctrl_c_marks_the_run_killed_and_it_resumes(in_tmp, reference):
     assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_settings_and_finished_runs(in_tmp, reference):
     last = reference["folder"] / "out" / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError, match=r"resume=.*also sets \['trainer.max_epochs=5'\]"):
@@ -161,6 +167,7 @@ def test_resume_refuses_other_settings_and_finished_runs(in_tmp, reference):
         run(compose_config(["resume=0123456789abcdef0123456789abcdef"], in_tmp / "x"))
 
 
+@pytest.mark.slow
 def test_nan_loss_names_the_step_and_fails_the_run(in_tmp, monkeypatch):
     training_loss = EncoderDecoderForecaster.training_loss
 

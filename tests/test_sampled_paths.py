@@ -209,6 +209,7 @@ def test_channel_independent_distributions_stay_with_their_channel(task_cls):
     assert (q[:, :, 1] - q_changed[:, :, 1]).abs().mean() > 1e-3
 
 
+@pytest.mark.slow
 def test_sampled_paths_of_a_learned_ar1_spread_like_the_process():
     """Trained on an AR(1) process y_t = 0.9 y_{t-1} + 0.3 e_t, the decoder-only model with a
     Gaussian head samples paths whose spread k steps ahead is the process's,

@@ -90,6 +90,7 @@ def test_every_family_reads_the_static_covariates(family, in_tmp):
     assert all(e.weight.grad is not None and e.weight.grad.abs().sum() > 0 for e in task.static.embeddings)
 
 
+@pytest.mark.slow
 def test_model_folder_carries_the_statics_to_prediction(in_tmp, tmp_path, caplog):
     df = plant_with_statics(n_series=3, n_steps=800)
     df.to_csv(tmp_path / "plant.csv", index=False)

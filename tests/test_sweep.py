@@ -45,6 +45,7 @@ def sweep_runs(folder):
     return client, parent, children
 
 
+@pytest.mark.slow
 def test_optuna_sweep_goes_on_past_a_crashing_trial(in_tmp):
     crash_trial = 1
     overrides = [o for o in TINY if not o.startswith("model.net.d_model")]
@@ -94,6 +95,7 @@ def test_optuna_sweep_goes_on_past_a_crashing_trial(in_tmp):
     assert parent.data.tags["best/model.net.d_model"] == best.data.params["model/net/d_model"]
 
 
+@pytest.mark.slow
 def test_grid_sweep_over_the_families_with_an_impossible_setting(in_tmp):
     """A grid (Hydra's basic sweeper) of the three families x 2 or 3 heads at d_model=16: the 2-head
     jobs train; the 3-head ones fail when the model is built, before train.py opens a run, and the

@@ -9,6 +9,9 @@ from mlflow import MlflowClient
 from conftest import TINY
 from tsformer.train import compose_config, run
 
+# every test here trains through train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 SAMPLED = ["system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"]
 
 

@@ -80,6 +80,7 @@ def tracking_server(tmp_path):
             server.wait()
 
 
+@pytest.mark.slow
 def test_run_logs_to_a_tracking_server(tracking_server, in_tmp):
     uri, artifacts = tracking_server
     result = run(compose_config([*TINY, f"logger.mlflow.tracking_uri={uri}"], in_tmp / "out"))
@@ -122,6 +123,7 @@ def test_unreachable_server_stops_the_run_at_once(in_tmp, monkeypatch):
     assert uri in message and "logger.mlflow.tracking_uri" in message and "MLFLOW_TRACKING_URI" in message
 
 
+@pytest.mark.slow
 def test_unreachable_server_stops_a_sweep_before_its_first_trial(in_tmp):
     """From the command line, the URI given by $MLFLOW_TRACKING_URI, in a sweep: Hydra turns a
     callback's exception into a warning and goes on, and the sweep must stop all the same."""

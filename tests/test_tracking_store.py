@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO
@@ -36,6 +37,7 @@ OPEN_AND_LOG = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 4 fresh Python processes importing MLflow
 def test_processes_creating_one_new_database_at_once_all_log(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # absolute: sqlite:////tmp/...
     barrier = tmp_path / "barrier"

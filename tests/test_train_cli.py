@@ -27,6 +27,9 @@ from conftest import REPO, TINY
 from test_data_validation import BAD_INPUTS, good_table
 from tsformer.data import simulate_plant
 
+# every test here runs train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 TARGETS = ["dynamic_temperature", "dynamic_pressure"]
 KEYS = ["series_id", "origin_time", "target_time", "step", "variable"]
 SEEDS = (1, 2)  # two runs of the same settings, different seeds: two different models

@@ -20,6 +20,9 @@ from mlflow import MlflowClient
 from conftest import REPO, TINY
 from tsformer.train import compose_config
 
+# every test here trains through train.py (or reads a module fixture that does)
+pytestmark = pytest.mark.slow
+
 FAMILIES = ["enc_only", "dec_only", "enc_dec"]
 METRICS = [
     "train/loss",

@@ -66,6 +66,7 @@ def test_bad_input_is_named_and_leaves_no_running_run(case, in_tmp):
     assert not (in_tmp / "out" / "forecasts.csv").exists()
 
 
+@pytest.mark.slow
 def test_good_csv_trains_and_a_crash_after_start_marks_the_run_failed(in_tmp, monkeypatch):
     path = in_tmp / "plant.csv"
     good_table(N_STEPS).to_csv(path, index=False)
@@ -83,6 +84,7 @@ def test_good_csv_trains_and_a_crash_after_start_marks_the_run_failed(in_tmp, mo
 
 
 
+@pytest.mark.slow
 def test_logger_none_trains_without_mlflow(in_tmp):
     path = in_tmp / "plant.csv"
     good_table(N_STEPS).to_csv(path, index=False)

@@ -26,7 +26,7 @@ from tsformer.tasks.baselines import PowerCurve
 from tsformer.train import compose_config, run
 
 T1 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wind_turbine_scada" / "T1.csv"
-needs_t1 = pytest.mark.skipif(not T1.is_file(), reason=f"real data not here: {T1}")
+needs_t1 = pytest.mark.needs_data(T1)  # skipped where the file is absent (conftest.py)
 
 KNOWN = ["wind_speed", "wind_direction_sin", "wind_direction_cos"]
 STEP = pd.Timedelta("10min")
@@ -245,6 +245,7 @@ def test_power_curve_reproduces_t1s_curve_on_train_rows(t1_config):
     assert error.mean() < 1.0 and np.quantile(error, 0.99) < 10.0  # kW, of 3600 rated
 
 
+@pytest.mark.slow
 @needs_t1
 def test_train_end_to_end_on_a_slice_of_t1(in_tmp):
     """experiment=wind_scada_forecast_error on 25 days of January, tiny model: the power-curve baseline
