@@ -207,6 +207,7 @@ def persistence_ours(dm) -> tuple[float, float, int]:
 def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
     from mlflow.tracking import MlflowClient
 
+    from tsformer.callbacks import WINDOW_MSE
     from tsformer.train import compose_config, run
 
     overrides = [
@@ -227,20 +228,19 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
     overrides += args.override  # after the row's own settings: --override wins
     cfg = compose_config(overrides, out_root / f"{name}-{dataset}-{L}-{H}")
     result = run(cfg)
-    n_windows = result.n_test_windows
-    if result.run_id:
-        client = MlflowClient(tracking_uri=cfg.logger.mlflow.tracking_uri)
-        client.log_metric(result.run_id, "test/n_windows", n_windows)
-        client.set_tag(result.run_id, "benchmark_row", name)
+    client = MlflowClient(tracking_uri=cfg.logger.mlflow.tracking_uri)
+    client.set_tag(result.run_id, "benchmark_row", name)
+    logged = client.get_run(result.run_id).data
+    window_mse = pd.read_csv(client.download_artifacts(result.run_id, WINDOW_MSE, tempfile.mkdtemp())).mse
     return {
         "mse": result.metrics["test/mse"],
         "mae": result.metrics["test/mae"],
-        "train_s": result.fit_seconds,
-        "steps": result.train_steps,
-        "params": result.n_params,
-        "test_windows": n_windows,
+        "train_s": logged.metrics["fit/seconds"],
+        "steps": int(logged.metrics["fit/steps"]),
+        "params": int(logged.params["n_params"]),
+        "test_windows": int(logged.metrics["test/n_windows"]),
         "persistence_mse_ours": result.metrics["test/baseline_mse"],
-        "mse_drop_last_128": drop_last_mse(result.window_mse),
+        "mse_drop_last_128": drop_last_mse(window_mse.to_numpy()),
         "mlflow_run_id": result.run_id,
         "batch_size": int(cfg.data.batch_size),  # as composed: the experiment's, or an --override's
     }

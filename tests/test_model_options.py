@@ -324,9 +324,6 @@ def test_patchtst_preset_trains_predicts_and_round_trips(in_tmp, blocks):
     targets = ["dynamic_temperature", "dynamic_pressure"]
     per_window = result.forecasts.groupby(["series_id", "origin_time"]).size()
     assert (per_window == 24 * len(targets)).all() and result.forecasts.y_pred.notna().all()
-    # each test window's own MSE (benchmarks/ett.py's drop_last figure): whole windows, they average to test/mse
-    assert result.window_mse.shape == (result.n_test_windows,)
-    np.testing.assert_allclose(result.window_mse.mean(), result.metrics["test/mse"], rtol=1e-4)
     forecaster = Forecaster.load(result.model_folder)
     hp = forecaster.task.hparams
     assert (hp.revin, hp.channel_independent, hp.patch_len, hp.patch_stride) == (True, True, 16, 8)

@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
+from tsformer.callbacks import WINDOW_MSE
 from tsformer.train import compose_config
 
 # every test here trains through train.py (or reads a module fixture that does)
@@ -118,8 +119,16 @@ def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp,
     assert not list((in_tmp / "out").glob("*.csv"))
     dm = instantiate(compose_config(overrides, in_tmp / "check").data)
     dm.setup()
-    assert result.n_test_windows == dm.n_windows("test") > 0
     client = MlflowClient(f"sqlite:///{in_tmp}/mlflow.db")
+    logged = client.get_run(result.run_id).data
+    assert logged.metrics["test/n_windows"] == dm.n_windows("test") > 0
+    # each test window's own MSE (benchmarks/ett.py's drop_last figure): whole windows, they average to test/mse
+    window_mse = pd.read_csv(client.download_artifacts(result.run_id, WINDOW_MSE, str(in_tmp)))
+    assert list(window_mse.window) == list(range(dm.n_windows("test")))
+    np.testing.assert_allclose(window_mse.mse.mean(), result.metrics["test/mse"], rtol=1e-4)
+    # what benchmarks read besides the metrics: the fit's duration and steps, the network's size
+    assert logged.metrics["fit/seconds"] > 0 and logged.metrics["fit/steps"] > 0
+    assert int(logged.params["n_params"]) > 0
     assert not client.list_artifacts(result.run_id, "forecasts")
     plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
     assert {"plots/test_windows.png", "plots/error_by_step.png"} <= plots

@@ -7,7 +7,8 @@ hydra-optuna-sweeper for `-m hparams_search=optuna`. The Hydra callback `MLflowS
   before its first trial: Hydra would only warn about a callback's exception, so it exits), then
   opens the parent run (`sweep-<sweeper>`, tagged with the sweep folder,
   the command line's overrides, the sweeper's config as an artifact) and writes its id into the sweep
-  folder, where each trial finds it (`trial_tags`, read when train.py opens the trial's run).
+  folder, where each trial finds it (`trial_tags`, read when `callbacks.MLflowRun` opens the trial's
+  run).
   `mlflow.parentRunId` is what makes `mlflow ui` show the trials under their sweep;
 - after each trial, it logs the value the sweeper received (`sweep/objective`) to the trial's run or,
   for a trial that crashed, the error (tag `error`; the traceback goes to the trial's log). A trial

@@ -4,6 +4,7 @@ Lightning's `MLFlowLogger` creates the run and logs the metrics. Here: the resol
 flattened params, by this one path only, and as a YAML artifact since params are truncated), tags
 (family, data set, git commit, where the outputs and checkpoints are), figures and files, and the
 final status (FINISHED, KILLED or FAILED). A resumed run (`resume.py`) logs into its original run.
+These are the steps; `callbacks.MLflowRun` takes them in a training run's order.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ them together in order:
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
 4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
-   scalers: what `predict.py` needs) is written beside it; figures, scalers, the checkpoint, the CSV
-   and a pyfunc model are logged to the MLflow run, which ends FINISHED, KILLED on SIGTERM or Ctrl+C,
-   or FAILED on any error.
+   scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
+   the loggers and the MLflow run: it logs figures, scalers, the checkpoint, the CSV and a pyfunc
+   model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
 With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
 process alone (`_one_process_for_test`).
@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
-import joblib
 import lightning as L
-import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
@@ -41,14 +39,13 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import resume, settings, sweep, tracking
+from tsformer import resume, settings, tracking
+from tsformer.callbacks import MLflowRun
 from tsformer.config import checkout_root, config_dir
 from tsformer.data.schema import DataValidationError
-from tsformer.export import forecasts_frame, mae_by_step, paths_frame, select_levels, write_csv, write_parquet
+from tsformer.export import forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.settings import SettingError
-from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +81,28 @@ def _instantiate_group(group: DictConfig | None) -> list:
 
 @dataclass
 class RunResult:
-    """What one run produced (for scripts and sweeps; the CLI prints a summary of it)."""
+    """What one run produced, for scripts and sweeps (the CLI prints a summary of it). Figures such as
+    the fit's duration or each test window's error are in the MLflow run (`callbacks.MLflowRun`)."""
 
     metrics: dict[str, float]  # test/* metrics of the model and the baselines
-    n_test_windows: int  # every window of the test split, each evaluated once
-    forecasts: pd.DataFrame | None  # the exported CSV's rows (original units); None: forecasts_file=null
-    baseline_forecasts: pd.DataFrame | None  # the naive baseline's, same layout
-    csv_path: Path | None
+    run_id: str | None  # the MLflow run; None without an MLflow logger
+    best_val: float | None  # best monitored validation metric (val/mse by default): what sweeps optimise
     model_folder: Path  # what predict.py and Forecaster.load read
-    best_val: float | None  # best monitored validation metric (val/mse by default)
-    run_id: str | None
-    n_params: int
-    fit_seconds: float
-    train_steps: int  # optimizer steps the fit made (early stopping may end it before max_epochs)
-    window_mse: np.ndarray  # (W,) each test window's MSE over its valid steps (scaled units), in window order
+    csv_path: Path | None  # the forecasts CSV; None: forecasts_file=null
+    forecasts: pd.DataFrame | None  # the CSV's rows (original units)
+    paths_path: Path | None = None  # sampled paths (Parquet), with paths_file
+
+
+@dataclass
+class RunOutputs:
+    """The files a run writes after its test, and the example table its model folder was checked on."""
+
+    csv_path: Path | None
+    forecasts: pd.DataFrame | None
+    paths_path: Path | None
+    model_folder: Path
+    example: pd.DataFrame  # a table from the data, as predict.py takes it
+    example_forecasts: pd.DataFrame  # the saved model folder's forecasts of it
 
 
 def _instantiate_settings(node: DictConfig, **kwargs):
@@ -144,110 +149,91 @@ def run(cfg: DictConfig) -> RunResult | None:
     elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
         _refuse_used_output_folder(cfg)
     L.seed_everything(cfg.seed, workers=True)
+    datamodule, task = _instantiate_data_and_task(cfg)
+    recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed)
+    trainer = _instantiate_trainer(cfg, recorder)
+
+    with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"), recorder.recording():
+        best_ckpt, best_val = _fit(trainer, task, datamodule, resumed)
+        tester = _one_process_for_test(trainer, cfg, recorder.loggers)
+        if tester is None:
+            return None
+        metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
+        outputs = _write_outputs(cfg, task, datamodule, recorder.run_id)
+        recorder.log_outputs(task, datamodule, outputs, best_ckpt)
+
+    _print_summary(recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
+    return RunResult(
+        metrics=metrics,
+        run_id=recorder.run_id,
+        best_val=best_val,
+        model_folder=outputs.model_folder,
+        csv_path=outputs.csv_path,
+        forecasts=outputs.forecasts,
+        paths_path=outputs.paths_path,
+    )
+
+
+def _instantiate_data_and_task(cfg: DictConfig):
+    """The set-up data module and the task sized for it; refuses `paths_file` for a family that
+    samples no paths."""
     datamodule = _instantiate_settings(cfg.data)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
-    output_dir = Path(cfg.paths.output_dir)
     if cfg.get("paths_file") and not (task.head.probabilistic and task.autoregressive):
         raise SettingError(
             f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
             f"student_t or quantile) sample paths; this run is {task.family} with head={task.head.kind}"
         )
+    return datamodule, task
 
-    with open_dict(cfg):
-        for entry in (cfg.get("logger") or {}).values():
-            if "run_name" in entry and entry.run_name is None:
-                entry.run_name = _run_name(task.family, datamodule.name)
-            if "tracking_uri" in entry:
-                entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
-                if resumed is not None:
-                    entry.run_id = resumed.run_id
-    # Under DDP every process runs this function, and the loggers belong to the first one: the others
-    # would only race it creating the MLflow database (torchrun and srun start them all at once).
-    # rank_zero_only.rank is the rank the launcher gave (RANK, SLURM_PROCID or LOCAL_RANK).
-    loggers = []
-    if rank_zero_only.rank == 0:
-        if (found := tracking.mlflow_logger_entry(cfg)) is not None:  # other runs may be creating it too
-            tracking.prepare_sqlite_store(found[1].tracking_uri, found[1].experiment_name)
-        loggers = _instantiate_group(cfg.get("logger"))
-    mlflow_logger = tracking.find_mlflow_logger(loggers)
+
+def _instantiate_trainer(cfg: DictConfig, recorder: MLflowRun) -> L.Trainer:
+    """The Trainer with the config's callbacks, the checkpoints' `ResumeState` and `recorder`."""
     callbacks = _instantiate_group(cfg.get("callbacks"))
     callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
-    if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
+    if not recorder.loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks)
+    trainer = instantiate(cfg.trainer, logger=recorder.loggers or False, callbacks=[*callbacks, recorder])
     _refuse_ddp_launch_in_a_sweep(trainer)
-    # Only the global-zero process opens, fills and closes the MLflow run (the others stop after the
-    # fit); the Trainer knows the global rank also where the launcher gave a node-local one.
-    if not trainer.is_global_zero:
-        mlflow_logger = None
+    return trainer
 
-    with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"):
-        try:
-            if mlflow_logger is not None:
-                _open_mlflow_run(mlflow_logger, cfg, task, datamodule, trainer, resumed)
-            start = time.perf_counter()
-            ckpt_path = str(resumed.checkpoint) if resumed is not None else None
-            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-            fit_seconds = time.perf_counter() - start
-            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            score = trainer.checkpoint_callback.best_model_score if trainer.checkpoint_callback else None
-            tester = _one_process_for_test(trainer, cfg, loggers)
-            if tester is None:
-                return None
-            task.keep_test_paths = bool(cfg.get("paths_file"))
-            tester.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=True, verbose=False)
-            metrics = {
-                k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))
-            }
 
-            outputs = task.test_outputs
-            forecasts = baseline = csv_path = None
-            if cfg.forecasts_file:
-                forecasts = forecasts_frame(
-                    datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, task.head.levels)
-                )
-                csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-                baseline = forecasts_frame(datamodule, "test", outputs["baseline"], outputs["true"], outputs["valid"])
-            paths_path = None
-            if cfg.get("paths_file"):
-                paths_path = write_parquet(paths_frame(datamodule, "test", outputs["paths"]), output_dir / cfg.paths_file)
-            run_id = mlflow_logger.run_id if mlflow_logger is not None else None
-            info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
-            model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-            # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
-            example = example_table(datamodule)
-            example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-            if mlflow_logger is not None:
-                _log_outputs(mlflow_logger, cfg, datamodule, outputs, [csv_path, paths_path], best, output_dir)
-                tracking.log_figure(mlflow_logger, attention_figure(task, datamodule), "plots/attention.png")
-                if task.head.probabilistic:
-                    _log_fan_chart(mlflow_logger, cfg, datamodule, task)
-                registry_name = (cfg.get("model_registry") or {}).get("name")
-                tracking.log_pyfunc_model(mlflow_logger, model_folder, example, example_forecasts, registry_name)
-                tracking.end_run(mlflow_logger, "FINISHED")
-        except BaseException as err:
-            if mlflow_logger is not None:
-                tracking.end_run(mlflow_logger, "KILLED" if resume.stopped_on_request(err) else "FAILED")
-            raise
+def _fit(trainer: L.Trainer, task, datamodule, resumed: resume.Resume | None) -> tuple[str, float | None]:
+    """Fit (from the resumed run's checkpoint, if any): (best checkpoint path or "", its score)."""
+    ckpt_path = str(resumed.checkpoint) if resumed is not None else None
+    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    checkpoint = trainer.checkpoint_callback
+    if not checkpoint:
+        return "", None
+    score = checkpoint.best_model_score
+    return checkpoint.best_model_path, float(score) if score is not None else None
 
-    _print_summary(mlflow_logger, metrics, task.baselines, csv_path, model_folder)
-    if paths_path is not None:
-        print(f"sampled paths: {paths_path.resolve()}")
-    return RunResult(
-        metrics=metrics,
-        n_test_windows=len(outputs["pred"]),
-        forecasts=forecasts,
-        baseline_forecasts=baseline,
-        csv_path=csv_path,
-        model_folder=model_folder,
-        best_val=float(score) if score is not None else None,
-        run_id=mlflow_logger.run_id if mlflow_logger is not None else None,
-        n_params=sum(p.numel() for p in task.net.parameters()),
-        fit_seconds=fit_seconds,
-        train_steps=trainer.global_step,
-        window_mse=_window_mse(outputs),
-    )
+
+def _test(tester: L.Trainer, task, datamodule, best_ckpt: str, keep_paths: bool) -> dict[str, float]:
+    """Test the best checkpoint (the last weights without one): the test/* and calibration/* metrics."""
+    task.keep_test_paths = keep_paths
+    tester.test(task, datamodule=datamodule, ckpt_path=best_ckpt or None, weights_only=True, verbose=False)
+    return {k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))}
+
+
+def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
+    """The forecasts CSV, sampled paths (Parquet) and the model folder, checked by a round trip."""
+    output_dir = Path(cfg.paths.output_dir)
+    tested = task.test_outputs
+    forecasts = csv_path = paths_path = None
+    if cfg.forecasts_file:
+        quantiles = _quantiles(task, task.head.levels)
+        forecasts = forecasts_frame(datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles)
+        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+    if cfg.get("paths_file"):
+        paths_path = write_parquet(paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file)
+    info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
+    model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
+    # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
+    example = example_table(datamodule)
+    example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
+    return RunOutputs(csv_path, forecasts, paths_path, model_folder, example, example_forecasts)
 
 
 def _refuse_used_output_folder(cfg: DictConfig) -> None:
@@ -270,13 +256,6 @@ def _run_name(family: str, dataset: str) -> str:
     data set name is its path); the start time and the tag of the run folder (`settings.run_tag`)
     tell apart runs started together."""
     return f"{family}-{Path(dataset).stem}-{time.strftime('%H%M%S')}-{settings.run_tag()}"
-
-
-def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
-    """`(W,)`: the squared error of each test window averaged over its valid steps and variables."""
-    sq = (outputs["pred"] - outputs["true"]) ** 2 * outputs["valid"][..., None]  # (W, T, Dy)
-    n = outputs["valid"].sum(axis=1) * sq.shape[-1]  # (W,)
-    return sq.sum(axis=(1, 2)) / np.maximum(n, 1)
 
 
 def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
@@ -317,50 +296,6 @@ def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) ->
     return instantiate(cfg.trainer, **one_device, logger=loggers or False, callbacks=stateful)
 
 
-def _open_mlflow_run(logger, cfg, task, datamodule, trainer, resumed: resume.Resume | None) -> None:
-    """A new run: its config and tags, among them where its checkpoints are (resume=<run id> finds
-    last.ckpt there, even after SIGKILL). A resumed run: its original MLflow run, reopened."""
-    if resumed is None:
-        tags = {"family": task.family, "dataset": datamodule.name, "git_commit": tracking.git_commit()}
-        tags.update(sweep.trial_tags())  # in a sweep: its folder, the trial, the sweep's parent run
-        tags["output_dir"] = str(cfg.paths.output_dir)
-        if trainer.checkpoint_callback:
-            tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
-        tracking.start_run(logger, cfg, tags)
-    else:
-        tags = {"resumed_from": f"{resumed.checkpoint} (written in epoch {resumed.epoch})"}
-        tracking.resume_run(logger, tags, cfg.get("system_metrics"))
-    # in the log from the start: the id to resume the run with if it is killed
-    log.info("MLflow run id: %s, outputs in %s", logger.run_id, cfg.paths.output_dir)
-
-
-def _log_outputs(logger, cfg, datamodule, outputs: dict, forecast_files: list, best_ckpt, output_dir: Path) -> None:
-    """The CSV (and sampled paths), scalers and best checkpoint as artifacts; the figures, drawn from
-    the test outputs (`outputs`: pred, true, valid, baseline arrays in window order) without the
-    CSV-sized frame. `forecast_files`: local files for the `forecasts` folder, None where not written."""
-    scaler_dir = output_dir / "scalers"
-    scaler_dir.mkdir(parents=True, exist_ok=True)
-    files = [("forecasts", f) for f in forecast_files if f is not None]  # (artifact folder, local file)
-    for name in ("target_scaler", "covariate_scaler"):
-        scaler = getattr(datamodule, name)
-        if scaler is not None:
-            joblib.dump(scaler, scaler_dir / f"{name}.joblib")
-            files.append(("scalers", scaler_dir / f"{name}.joblib"))
-    if best_ckpt:
-        files.append(("checkpoints", Path(best_ckpt)))
-    tracking.log_files(logger, files)
-
-    shown = _plot_windows(len(outputs["pred"]), cfg.n_plot_windows)
-    windows = forecasts_frame(datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], windows=shown)
-    reconstruction = datamodule.horizon == 0  # the figures say "reconstruction", not "forecast"
-    fig = forecast_windows_figure(windows, _history(datamodule), cfg.n_plot_windows, reconstruction)
-    tracking.log_figure(logger, fig, "plots/test_windows.png")
-    model_mae = mae_by_step(datamodule, outputs["pred"], outputs["true"], outputs["valid"])
-    baseline_mae = mae_by_step(datamodule, outputs["baseline"], outputs["true"], outputs["valid"])
-    fig = error_by_step_figure(model_mae, baseline_mae, reconstruction)
-    tracking.log_figure(logger, fig, "plots/error_by_step.png")
-
-
 def _quantiles(task, levels: list[float]) -> tuple:
     """(quantiles `(W, T, Dy, K)` of the test windows at `levels`, scaled; levels), or (None, None)
     for a point head: the extra arguments of `forecasts_frame`."""
@@ -369,48 +304,13 @@ def _quantiles(task, levels: list[float]) -> tuple:
     return select_levels(task.test_outputs["quantiles"], task.report_levels, levels), levels
 
 
-def _log_fan_chart(logger, cfg, datamodule, task) -> None:
-    """The fan chart (median, 50% and 80% bands, actuals) of a few test windows: plots/fan_chart.png."""
-    outputs = task.test_outputs
-    shown = _plot_windows(len(outputs["pred"]), cfg.n_plot_windows)
-    bands = forecasts_frame(
-        datamodule, "test", outputs["pred"], outputs["true"], outputs["valid"], *_quantiles(task, BAND_LEVELS), windows=shown
-    )
-    fig = fan_chart_figure(bands, _history(datamodule), cfg.n_plot_windows)
-    tracking.log_figure(logger, fig, "plots/fan_chart.png")
-
-
-def _plot_windows(n_windows: int, n_plot: int) -> np.ndarray:
-    """Indices of the test windows the figures show: `n_plot` spread evenly over the test period."""
-    return np.linspace(0, n_windows - 1, min(n_plot, n_windows)).round().astype(int)
-
-
-def _history(datamodule) -> pd.DataFrame:
-    """The validated data with the columns `series_id`, `time` and the targets, for the figures."""
-    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
-    if datamodule.schema.series_col:
-        return history.rename(columns={datamodule.schema.series_col: "series_id"})
-    return history.assign(series_id=0)
-
-
-def _print_summary(
-    logger, metrics: dict[str, float], baselines: list, csv_path: Path | None, model_folder: Path
-) -> None:
+def _print_summary(logger, metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> None:
     """The run id, each test metric of the model beside the baselines' (the first is the naive one,
     `baseline`), what the columns and units are, where the CSV is, and how to forecast with the model."""
-    names = ["mse", "mae", "mae_orig", "rmse_orig"]
-    names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
-    names += [n for n in ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig") if f"test/{n}" in metrics]
-    width = max(len(n) for n in names) + 2
-    columns = ["model", *(b.name for b in baselines)]
     lines = ["", "=" * 72]
     if logger is not None:
         lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    col = max(14, *(len(c) for c in columns)) + 2
-    lines.append(f"{'test metric':<{width}}" + "".join(f"{c:>{col}}" for c in columns))
-    for name in names:
-        keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
-        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
+    lines += _metric_table(metrics, baselines)
     if "calibration/val_coverage_80_as_trained" in metrics:
         lines.append(
             "spread calibration (model.head.calibrate, calibration_window): the validation windows' 80% "
@@ -420,11 +320,30 @@ def _print_summary(
         )
     lines += [f"{b.name}: {b.description}" for b in baselines]
     lines.append("*_orig rows: in the targets' own units; the others: on the targets as scaled for training")
+    csv_path = outputs.csv_path
     lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
-    ref = logger.run_id if logger is not None else model_folder.resolve()
+    ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
     lines.append(f"forecast new data: {_predict_command(ref)}")
     lines.append("=" * 72)
+    if outputs.paths_path is not None:
+        lines.append(f"sampled paths: {outputs.paths_path.resolve()}")
     print("\n".join(lines))
+
+
+def _metric_table(metrics: dict[str, float], baselines: list) -> list[str]:
+    """One line per test metric (the model's, then each baseline's), under a header line."""
+    names = ["mse", "mae", "mae_orig", "rmse_orig"]
+    names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
+    probabilistic = ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig")
+    names += [n for n in probabilistic if f"test/{n}" in metrics]
+    width = max(len(n) for n in names) + 2
+    columns = ["model", *(b.name for b in baselines)]
+    col = max(14, *(len(c) for c in columns)) + 2
+    lines = [f"{'test metric':<{width}}" + "".join(f"{c:>{col}}" for c in columns)]
+    for name in names:
+        keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
+        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
+    return lines
 
 
 def _predict_command(model) -> str:
