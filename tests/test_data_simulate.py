@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -57,6 +59,17 @@ def test_wind_table_holds_only_the_columns_data_wind_uses(tmp_path, capsys):
     assert table.power.isna().to_numpy().tolist() == [False] * 45 + [True] * 5
     assert table.drop(columns="power").notna().all().all()
     assert "python predict.py" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("future", [[], ["--future-steps", "5"]], ids=["train_hint", "predict_hint"])
+def test_printed_commands_name_this_interpreter_and_an_existing_script(tmp_path, capsys, future):
+    """The next command `simulate` prints runs as shown, without the environment active."""
+    assert fetch.cli(["simulate", "plant", "--n-steps", "40", "--output", str(tmp_path / "a b.csv"), *future]) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    command = shlex.split(hint.split(": ", 1)[1])
+    assert os.path.samefile(command[0], sys.executable)
+    assert Path(command[1]).resolve() in (REPO / "train.py", REPO / "predict.py")  # may be shown relative
+    assert str(tmp_path / "a b.csv") in command[2:] or f"data.source={tmp_path / 'a b.csv'}" in command[2:]
 
 
 def test_future_steps_must_leave_history(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Where the package finds its configs (conf/) and, when it runs from a source checkout, the checkout.
+"""Where the package finds its configs (conf/) and, when it runs from a source checkout, the checkout;
+and how to call its commands so that a printed command line runs as shown.
 
 A checkout (`python train.py`, or `pip install -e .`) reads the top-level conf/, so an edit there is
 what the next run composes. An installed wheel reads the same files from inside the package
@@ -7,6 +8,9 @@ what the next run composes. An installed wheel reads the same files from inside 
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -28,3 +32,19 @@ def config_dir() -> Path:
         return root / "conf"
     # the wheel's package data: a folder on disk, as pip installs wheels unzipped
     return Path(str(resources.files("tsformer") / "conf"))
+
+
+def command_line(script: str, *args: str) -> str:
+    """The command running `script` ("train" or "predict") with `args`, as a user can paste it: the
+    interpreter running now (where tsformer is installed, its environment active or not), then
+    `<script>.py` of the checkout or, installed, `-m tsformer.<script>`; paths inside the current
+    folder relative to it. `args` are written as given (placeholders such as `<run id>` included)."""
+
+    def shown(path) -> str:
+        relative = os.path.relpath(path)
+        return shlex.quote(relative if not relative.startswith("..") else str(path))
+
+    root = checkout_root()
+    runs = shown(root / f"{script}.py") if root else f"-m tsformer.{script}"
+    # sys.executable unresolved: a virtual environment's python is a link to the base interpreter
+    return " ".join([shown(sys.executable), runs, *args])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, settings, tracking
 from tsformer.callbacks import MLflowRun
-from tsformer.config import checkout_root, config_dir
+from tsformer.config import command_line, config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.export import forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
@@ -323,7 +322,7 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list, outputs: 
     csv_path = outputs.csv_path
     lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
     ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    lines.append(f"forecast new data: {_predict_command(ref)}")
+    lines.append(f"forecast new data: {command_line('predict', str(ref), '<table.csv>', '--output forecasts.csv')}")
     lines.append("=" * 72)
     if outputs.paths_path is not None:
         lines.append(f"sampled paths: {outputs.paths_path.resolve()}")
@@ -344,21 +343,6 @@ def _metric_table(metrics: dict[str, float], baselines: list) -> list[str]:
         keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     return lines
-
-
-def _predict_command(model) -> str:
-    """predict.py's command line for `model`, with the interpreter this training ran in (where
-    tsformer is installed, whether or not its environment is active); paths inside the current
-    folder relative to it."""
-
-    def shown(path) -> str:
-        relative = os.path.relpath(path)
-        return shlex.quote(relative if not relative.startswith("..") else str(path))
-
-    # sys.executable unresolved: a virtual environment's python is a link to the base interpreter
-    repo = checkout_root()  # predict.py sits beside conf/ in a checkout; an installed package has its module
-    script = shown(repo / "predict.py") if repo else "-m tsformer.predict"
-    return f"{shown(sys.executable)} {script} {model} <table.csv> --output forecasts.csv"
 
 
 def _user_error(err: BaseException) -> BaseException | None:

@@ -22,13 +22,14 @@ import argparse
 import hashlib
 import inspect
 import os
+import shlex
 import sys
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tsformer.config import config_dir
+from tsformer.config import command_line, config_dir
 from tsformer.data import ett, simulators
 
 CHUNK = 1 << 20  # bytes read at a time
@@ -283,12 +284,12 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
     if args.future_steps:
         print(
             f"the targets ({', '.join(targets)}) of each series' last {args.future_steps} rows are empty; "
-            f"forecast them: python predict.py <run id> {path} --output forecasts.csv"
+            f"forecast them: {command_line('predict', '<run id>', shlex.quote(str(path)), '--output forecasts.csv')}"
         )
     else:
         known = [c for c in table.columns if c not in ("series_id", "time", *targets)]
         print(
-            f"train on it: python train.py data=csv data.source={path} data.series_col=series_id "
+            f"train on it: {command_line('train', f'data=csv data.source={shlex.quote(str(path))}')} data.series_col=series_id "
             f"data.target_cols=[{','.join(targets)}] data.known_cols=[{','.join(known)}]"
         )
     return 0
