@@ -45,8 +45,12 @@ def query_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_blocks: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", type=int, nargs=4, default=[224, 4, 191, 16], metavar=("B", "H", "T", "DH"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shape", type=int, nargs=4, default=[224, 4, 191, 16], metavar=("B", "H", "T", "DH")
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
@@ -77,8 +81,10 @@ def main() -> None:
             times[name].append(timed(fn))
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     base = median["causal (fused)"]
-    print(f"{platform.machine()} {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"q, k, v {tuple(args.shape)} (B, H, T, Dh); forward + backward, median of {args.repeats}\n")
+    print(
+        f"{platform.machine()} {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"q, k, v {tuple(args.shape)} (B, H, T, Dh); forward + backward, median of {args.repeats}\n"
+    )
     print("| variant | ms | vs causal (fused) |\n|---|---|---|")
     for name, t in median.items():
         print(f"| {name} | {t * 1e3:.1f} | {t / base:.2f}x |")

@@ -100,7 +100,9 @@ def main() -> None:
         cells = []
         for key in METRICS:
             values = np.array([m[key] for m, _ in runs])
-            cells.append(f"{values.mean():.4f} ± {values.std(ddof=1):.4f}" if len(values) > 1 else f"{values[0]:.4f}")
+            cells.append(
+                f"{values.mean():.4f} ± {values.std(ddof=1):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
+            )
         walls = np.array([w for _, w in runs])
         print(f"| {name} | " + " | ".join(cells) + f" | {walls.mean():.0f} |")
 

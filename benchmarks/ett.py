@@ -113,8 +113,12 @@ OURS = {
         "model.net.n_decoder_layers=1",
     ],
     "tsformer-dec_only": ["model=dec_only", "model.revin=true", "model.channel_independent=true"],
-    "tsformer-dec_only-patch16": ["model=dec_only", "model.revin=true", "model.channel_independent=true",
-                                  "model.patch_len=16"],
+    "tsformer-dec_only-patch16": [
+        "model=dec_only",
+        "model.revin=true",
+        "model.channel_independent=true",
+        "model.patch_len=16",
+    ],
 }
 PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer")
 QUICK = [
@@ -141,8 +145,19 @@ PUBLISHED = {
 }
 PUBLISHED_SOURCE = "Nie et al. ICLR 2023, Table 3 (PatchTST/64)"
 COLUMNS = ["model", "dataset", "L", "H", "mse", "mae", "train_s", "params", "source"]
-DETAIL_COLUMNS = ["model", "dataset", "L", "H", "test_windows", "expected_windows", "steps", "persistence_mse_ours",
-                  "persistence_mse_peer_side", "mse_drop_last_128", "mlflow_run_id"]
+DETAIL_COLUMNS = [
+    "model",
+    "dataset",
+    "L",
+    "H",
+    "test_windows",
+    "expected_windows",
+    "steps",
+    "persistence_mse_ours",
+    "persistence_mse_peer_side",
+    "mse_drop_last_128",
+    "mlflow_run_id",
+]
 # PatchTST's public code (PatchTST_supervised/data_provider/data_factory.py, inherited from Informer and
 # Autoformer) builds its TEST loader with drop_last=True and the script's batch size, 128 in its ETT
 # scripts: the last W mod 128 windows of the test period are never scored (97 of 2785 at ETTh1 H=96).
@@ -167,7 +182,11 @@ def machine() -> str:
     import torch
 
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU {platform.machine()}, {os.cpu_count()} cores"
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"CPU {platform.machine()}, {os.cpu_count()} cores"
+    )
     return f"{device}, OMP_NUM_THREADS={threads}, torch {torch.__version__}"
 
 
@@ -184,7 +203,10 @@ def datamodule(dataset: str, L: int, H: int):
 
     from tsformer.train import compose_config
 
-    cfg = compose_config(["experiment=ett", f"data.name={dataset}", f"model.context_len={L}", f"model.horizon={H}"], Path(tempfile.mkdtemp()))
+    cfg = compose_config(
+        ["experiment=ett", f"data.name={dataset}", f"model.context_len={L}", f"model.horizon={H}"],
+        Path(tempfile.mkdtemp()),
+    )
     dm = instantiate(cfg.data)
     dm.setup()
     return dm
@@ -249,8 +271,18 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
 # -- neuralforecast peers ---------------------------------------------------------------------------
 
 
-def nf_model(name: str, L: int, H: int, steps: int, per_epoch: int, patience: int, quick: bool, seed: int,
-             d_model: int = 64, dropout: float | None = None):
+def nf_model(
+    name: str,
+    L: int,
+    H: int,
+    steps: int,
+    per_epoch: int,
+    patience: int,
+    quick: bool,
+    seed: int,
+    d_model: int = 64,
+    dropout: float | None = None,
+):
     """neuralforecast's model `name` for a budget of `steps` optimizer steps; validated every `per_epoch`
     steps (our rows: every epoch) and stopped after `patience` validations without improvement (our
     rows' early stopping; neuralforecast then keeps its last weights, ours the best epoch's).
@@ -326,7 +358,10 @@ def peer_frame(dm) -> pd.DataFrame:
     scaled = dm.transform_target(frame[dm.target_names].to_numpy())
     times = frame[dm.schema.time_col].to_numpy()
     return pd.concat(
-        [pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]}) for j, col in enumerate(dm.target_names)],
+        [
+            pd.DataFrame({"unique_id": col, "ds": times, "y": scaled[:, j]})
+            for j, col in enumerate(dm.target_names)
+        ],
         ignore_index=True,
     )
 
@@ -342,8 +377,12 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     model, sizes = nf_model(name, L, H, steps, per_epoch, args.peer_patience, args.quick, args.seed)
     nf = NeuralForecast(models=[model], freq="h" if k == 1 else "15min")
     start = time.perf_counter()
-    cv = nf.cross_validation(df=df, n_windows=None, val_size=2880 * k, test_size=2880 * k, step_size=1, refit=False)
-    seconds = time.perf_counter() - start  # fit and forecast of every origin (the peers' fit alone is not exposed)
+    cv = nf.cross_validation(
+        df=df, n_windows=None, val_size=2880 * k, test_size=2880 * k, step_size=1, refit=False
+    )
+    seconds = (
+        time.perf_counter() - start
+    )  # fit and forecast of every origin (the peers' fit alone is not exposed)
     pred_col = next(c for c in cv.columns if c not in ("unique_id", "ds", "cutoff", "y"))
 
     # the same origins as our test windows, each with H steps for each of the 7 channels
@@ -379,10 +418,18 @@ def run_peer(name, dataset, L, H, dm, steps: int, per_epoch: int, args) -> dict:
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name=f"{name}-{dataset}-{L}-{H}") as active:
         mlflow.set_tags({"benchmark_row": name, "dataset": dataset, "family": name, "sizes": sizes})
-        mlflow.log_params({"L": L, "H": H, "max_steps": steps, "windows_per_step": BATCH * 7, "quick": args.quick})
+        mlflow.log_params(
+            {"L": L, "H": H, "max_steps": steps, "windows_per_step": BATCH * 7, "quick": args.quick}
+        )
         mlflow.log_metrics(
-            {"test/mse": row["mse"], "test/mae": row["mae"], "fit_and_cv_seconds": seconds, "n_params": n_params,
-             "test/n_windows": len(theirs), "test/baseline_mse_peer_side": persistence_mse}
+            {
+                "test/mse": row["mse"],
+                "test/mae": row["mae"],
+                "fit_and_cv_seconds": seconds,
+                "n_params": n_params,
+                "test/n_windows": len(theirs),
+                "test/baseline_mse_peer_side": persistence_mse,
+            }
         )
         row["mlflow_run_id"] = active.info.run_id
     return row
@@ -412,20 +459,39 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
 
 def published_rows(datasets, horizons) -> list[dict]:
     return [
-        {"model": "PatchTST/64 (paper)", "dataset": d, "L": 512, "H": h, "mse": PUBLISHED[d][h], "mae": None,
-         "train_s": None, "params": None, "source": PUBLISHED_SOURCE}
-        for d in datasets if d in PUBLISHED for h in horizons if h in PUBLISHED[d]
+        {
+            "model": "PatchTST/64 (paper)",
+            "dataset": d,
+            "L": 512,
+            "H": h,
+            "mse": PUBLISHED[d][h],
+            "mae": None,
+            "train_s": None,
+            "params": None,
+            "source": PUBLISHED_SOURCE,
+        }
+        for d in datasets
+        if d in PUBLISHED
+        for h in horizons
+        if h in PUBLISHED[d]
     ]
 
 
 def write_results(path: Path, measured: list[dict], grid: list[tuple], args, stamp: str) -> None:
     done = {(r["model"], r["dataset"], r["L"], r["H"]) for r in measured}
     pending = [g for g in grid if g not in done]
-    budget = f"{args.epochs} epoch(s)" + (f", at most {args.max_train_batches} batches (optimizer steps) per epoch" if args.max_train_batches else "")
+    budget = f"{args.epochs} epoch(s)" + (
+        f", at most {args.max_train_batches} batches (optimizer steps) per epoch"
+        if args.max_train_batches
+        else ""
+    )
     ours_batches = sorted({r["batch_size"] for r in measured if "batch_size" in r}) or [BATCH]
     batch = " / ".join(map(str, ours_batches))
-    peers = ("the same number of steps and windows per step for the peers (see the script's docstring). "
-             if ours_batches == [BATCH] else f"the peers, {budget} of {BATCH}-window steps (--override reaches our rows only). ")
+    peers = (
+        "the same number of steps and windows per step for the peers (see the script's docstring). "
+        if ours_batches == [BATCH]
+        else f"the peers, {budget} of {BATCH}-window steps (--override reaches our rows only). "
+    )
     text = [
         "# ETT side by side",
         "",
@@ -434,20 +500,29 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
         f"    {' '.join(['python', 'benchmarks/ett.py', *sys.argv[1:]])}",
         "",
         f"Measured rows: {stamp}, on {machine()}; budget for our rows {budget}, {batch} windows per batch; "
-        + peers +
-        "`train_s`: our rows, `trainer.fit` (validation included); peers, neuralforecast's "
+        + peers
+        + "`train_s`: our rows, `trainer.fit` (validation included); peers, neuralforecast's "
         "`cross_validation` (fit plus forecasting every test origin). MSE/MAE on the scaled values, "
         "every test window. The published rows are the paper's own figures (L = 512, its own training "
         "budget), MSE only: their MAE is not quoted here.",
         "",
-        markdown(measured + published_rows(sorted({g[1] for g in grid} | {r['dataset'] for r in measured}), sorted({g[3] for g in grid} | {r['H'] for r in measured})), COLUMNS),
+        markdown(
+            measured
+            + published_rows(
+                sorted({g[1] for g in grid} | {r["dataset"] for r in measured}),
+                sorted({g[3] for g in grid} | {r["H"] for r in measured}),
+            ),
+            COLUMNS,
+        ),
         "",
-        ("Per measured row: evaluated test windows (and the protocol's count), optimizer steps, the "
-        "persistence baseline's MSE computed from our windows and from the peer's own output (equal: "
-        "same windows, same scaling), the row's MSE over only the first floor(W / 128) x 128 test windows "
-        "(`mse_drop_last_128`: what the published figures' code scores, its test loader dropping the last "
-        "partial batch of 128; not our result, a measure of that protocol difference), and the MLflow run "
-        "(./mlflow.db, experiment `ett-benchmark`)."),
+        (
+            "Per measured row: evaluated test windows (and the protocol's count), optimizer steps, the "
+            "persistence baseline's MSE computed from our windows and from the peer's own output (equal: "
+            "same windows, same scaling), the row's MSE over only the first floor(W / 128) x 128 test windows "
+            "(`mse_drop_last_128`: what the published figures' code scores, its test loader dropping the last "
+            "partial batch of 128; not our result, a measure of that protocol difference), and the MLflow run "
+            "(./mlflow.db, experiment `ett-benchmark`)."
+        ),
         "",
         markdown(measured, DETAIL_COLUMNS),
         "",
@@ -461,8 +536,13 @@ def write_results(path: Path, measured: list[dict], grid: list[tuple], args, sta
 
 # -- throughput -------------------------------------------------------------------------------------
 
-THROUGHPUT_MODELS = ["tsformer-enc_only_forecast", "tsformer-enc_dec", "tsformer-dec_only", "tsformer-dec_only-patch16",
-                     "nf-VanillaTransformer"]
+THROUGHPUT_MODELS = [
+    "tsformer-enc_only_forecast",
+    "tsformer-enc_dec",
+    "tsformer-dec_only",
+    "tsformer-dec_only-patch16",
+    "nf-VanillaTransformer",
+]
 
 
 def count_ops(fn) -> int:
@@ -499,7 +579,9 @@ def op_times(step, n_top: int, cuda: bool, n_steps: int = 3) -> tuple[list[list]
             step()
         if cuda:
             torch.cuda.synchronize()
-    time_of = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # microseconds
+    time_of = (
+        (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    )  # microseconds
     events = prof.key_averages()
     ops = sorted((e for e in events if e.key.startswith("aten::")), key=time_of, reverse=True)
     top = [[e.key.removeprefix("aten::"), round(time_of(e) / 1e3 / n_steps, 1)] for e in ops[:n_top]]
@@ -516,7 +598,9 @@ def nf_training_batch(dm):
     return next(iter(TimeSeriesDataModule(dataset=dataset, batch_size=7).train_dataloader()))
 
 
-def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: str, profile_ops: int = 0) -> dict:
+def throughput_child(
+    name: str, L: int, H: int, steps: int, d_model: int, mode: str, profile_ops: int = 0
+) -> dict:
     """One model's training steps/s on one fixed batch of 32 windows x 7 channels (run in a subprocess).
 
     mode "step": each library's own training step on its own batch: ours `training_step` on a batch of
@@ -548,13 +632,24 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
         from tsformer.train import compose_config
 
         # the row's own model and options (patches, decoder layers), then the common size and batch layout
-        overrides = ["experiment=ett", *OURS[name], f"model.context_len={L}", f"model.horizon={H}",
-                     "model.revin=true", "model.channel_independent=true", f"model.net.d_model={d_model}",
-                     "model.net.n_heads=4", "model.net.n_layers=2", "model.net.ffn_expansion=4", "model.net.dropout=0.0"]
+        overrides = [
+            "experiment=ett",
+            *OURS[name],
+            f"model.context_len={L}",
+            f"model.horizon={H}",
+            "model.revin=true",
+            "model.channel_independent=true",
+            f"model.net.d_model={d_model}",
+            "model.net.n_heads=4",
+            "model.net.n_layers=2",
+            "model.net.ffn_expansion=4",
+            "model.net.dropout=0.0",
+        ]
         cfg = compose_config(overrides, Path(tempfile.mkdtemp()))
         net = task = instantiate(cfg.model, _convert_="all", **sizes).to(device)
         batch = on_device(batch)
         if mode == "step":
+
             def loss_fn():
                 return task.training_step(batch, 0)
         else:
@@ -564,11 +659,23 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
                 out, labels, _ = task.teacher_forced(net_batch)
                 return torch.nn.functional.mse_loss(out, labels)
     else:
-        model, _ = nf_model("nf-VanillaTransformer", L, H, steps=steps, per_epoch=steps, patience=0, quick=False,
-                            seed=0, d_model=d_model, dropout=0.0)
+        model, _ = nf_model(
+            "nf-VanillaTransformer",
+            L,
+            H,
+            steps=steps,
+            per_epoch=steps,
+            patience=0,
+            quick=False,
+            seed=0,
+            d_model=d_model,
+            dropout=0.0,
+        )
         net = model.to(device)
         if mode == "step":
-            model.val_size = model.test_size = 2880  # train on rows [0, 8640) as the peers' cross-validation does
+            model.val_size = model.test_size = (
+                2880  # train on rows [0, 8640) as the peers' cross-validation does
+            )
             nf_batch = on_device(nf_training_batch(dm))
 
             def loss_fn():
@@ -577,8 +684,15 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
             # channel independence, as neuralforecast's univariate models see the data: (B*7, L, 1)
             x = batch["hist_target"].permute(0, 2, 1).reshape(-1, L, 1)
             y = batch["fut_target"].permute(0, 2, 1).reshape(-1, H).to(device)
-            windows = on_device({"insample_y": x, "insample_mask": torch.ones_like(x), "futr_exog": torch.empty(0),
-                                 "hist_exog": torch.empty(0), "stat_exog": torch.empty(0)})
+            windows = on_device(
+                {
+                    "insample_y": x,
+                    "insample_mask": torch.ones_like(x),
+                    "futr_exog": torch.empty(0),
+                    "hist_exog": torch.empty(0),
+                    "stat_exog": torch.empty(0),
+                }
+            )
 
             def loss_fn():
                 out = model(windows)
@@ -610,11 +724,15 @@ def throughput_child(name: str, L: int, H: int, steps: int, d_model: int, mode: 
         "mode": mode,
         "params": sum(p.numel() for p in net.parameters()),
         "channel_windows_per_s": steps * BATCH * 7 / seconds,
-        "ops_per_step": count_ops(lambda: (opt.zero_grad(), loss_fn().backward())),  # no optimizer step: alike for all
+        "ops_per_step": count_ops(
+            lambda: (opt.zero_grad(), loss_fn().backward())
+        ),  # no optimizer step: alike for all
         "peak_mem_mb": peak_mem_mb,
         "top_ops_ms_per_step": top_ops,
         "profiled_ms_per_step": profiled_ms,
-        "memory_measure": "cuda max_memory_allocated" if cuda else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
+        "memory_measure": "cuda max_memory_allocated"
+        if cuda
+        else "CPU: growth of the process's peak RSS (ru_maxrss) from before the first step to after the last",
     }
 
 
@@ -626,10 +744,23 @@ def throughput(args) -> None:
             if name.startswith("nf-") and not nf_available():
                 print(f"skipping {name}: neuralforecast is not importable", file=sys.stderr)
                 continue
-            cmd = [sys.executable, __file__, "--_throughput-child", name, "--_throughput-mode", mode,
-                   "--throughput-window", str(L), str(H), "--throughput-steps", str(args.throughput_steps),
-                   "--throughput-d-model", str(args.throughput_d_model),
-                   "--throughput-profile", str(args.throughput_profile if mode == "network" else 0)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--_throughput-child",
+                name,
+                "--_throughput-mode",
+                mode,
+                "--throughput-window",
+                str(L),
+                str(H),
+                "--throughput-steps",
+                str(args.throughput_steps),
+                "--throughput-d-model",
+                str(args.throughput_d_model),
+                "--throughput-profile",
+                str(args.throughput_profile if mode == "network" else 0),
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows[name, mode] = json.loads(out.stdout.strip().splitlines()[-1])
     table = []
@@ -648,20 +779,40 @@ def throughput(args) -> None:
         row["mem_vs_nf"] = row["peak_mem_mb"] / ref["peak_mem_mb"] if ref and ref["peak_mem_mb"] > 0 else None
         table.append(row)
     memory = next(iter(rows.values()))["memory_measure"] if rows else "-"
-    print(f"\nthroughput, {dt.date.today()}, {machine()}: ETTh1 L={L} H={H}, batch {BATCH} windows x 7 channels "
-          f"(channel independence: {BATCH * 7} sequences), d_model {args.throughput_d_model}, 2 layers (+1 decoder layer "
-          f"for enc_dec and VanillaTransformer), 4 heads, FFN 4 x d_model, {args.throughput_steps} timed steps after 1 warm-up.\n"
-          "step: each library's own training step on its own batch (ours: training_step; neuralforecast: training_step, "
-          "which cuts and samples the windows from whole series); network: the network + MSE on a batch already in "
-          "its layout. Both + backward + AdamW. *_ops: aten ops of a forward and backward that do work (views "
-          f"excluded; the optimizer's are the same for every row), what a launch-bound GPU pays per op. Memory (step): {memory}\n")
-    cols = ["model", "params", "step_windows_per_s", "step_vs_nf", "network_windows_per_s", "network_vs_nf",
-            "step_ops", "step_ops_vs_nf", "network_ops", "network_ops_vs_nf", "peak_mem_mb", "mem_vs_nf"]
-    print(markdown([{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in table], cols))
+    print(
+        f"\nthroughput, {dt.date.today()}, {machine()}: ETTh1 L={L} H={H}, batch {BATCH} windows x 7 channels "
+        f"(channel independence: {BATCH * 7} sequences), d_model {args.throughput_d_model}, 2 layers (+1 decoder layer "
+        f"for enc_dec and VanillaTransformer), 4 heads, FFN 4 x d_model, {args.throughput_steps} timed steps after 1 warm-up.\n"
+        "step: each library's own training step on its own batch (ours: training_step; neuralforecast: training_step, "
+        "which cuts and samples the windows from whole series); network: the network + MSE on a batch already in "
+        "its layout. Both + backward + AdamW. *_ops: aten ops of a forward and backward that do work (views "
+        f"excluded; the optimizer's are the same for every row), what a launch-bound GPU pays per op. Memory (step): {memory}\n"
+    )
+    cols = [
+        "model",
+        "params",
+        "step_windows_per_s",
+        "step_vs_nf",
+        "network_windows_per_s",
+        "network_vs_nf",
+        "step_ops",
+        "step_ops_vs_nf",
+        "network_ops",
+        "network_ops_vs_nf",
+        "peak_mem_mb",
+        "mem_vs_nf",
+    ]
+    print(
+        markdown(
+            [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in table], cols
+        )
+    )
     if args.throughput_profile:
-        print(f"\nnetwork: the {args.throughput_profile} aten ops with the most self time, ms per step (torch.profiler, "
-              "3 steps after the timed ones; matmuls of linear layers: mm/addmm/bmm, and convolution for "
-              "VanillaTransformer's 1x1-convolution FFN):\n")
+        print(
+            f"\nnetwork: the {args.throughput_profile} aten ops with the most self time, ms per step (torch.profiler, "
+            "3 steps after the timed ones; matmuls of linear layers: mm/addmm/bmm, and convolution for "
+            "VanillaTransformer's 1x1-convolution FFN):\n"
+        )
         for name in args.throughput_models:
             if (name, "network") in rows:
                 r = rows[name, "network"]
@@ -673,38 +824,75 @@ def throughput(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default="ETTh1")
     parser.add_argument("--lookbacks", default="336")
     parser.add_argument("--horizons", default="96")
     parser.add_argument("--models", default=",".join([*OURS, *PEERS]))
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-train-batches", type=int, default=None, help="cap on batches per epoch (all: the protocol's epoch)")
+    parser.add_argument(
+        "--max-train-batches",
+        type=int,
+        default=None,
+        help="cap on batches per epoch (all: the protocol's epoch)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--peer-patience", type=int, default=3,
-                        help="the peers stop after this many epochs' validations without improvement, as our rows "
-                        "(experiment=ett: callbacks.early_stopping.patience=3); 0: they train every step")
+    parser.add_argument(
+        "--peer-patience",
+        type=int,
+        default=3,
+        help="the peers stop after this many epochs' validations without improvement, as our rows "
+        "(experiment=ett: callbacks.early_stopping.patience=3); 0: they train every step",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny models, 3 batches: checks the script runs")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a train.py override for our rows (repeatable), e.g. --override data.batch_size=128; "
-                        "recorded in RESULTS.md's command line; our rows only (the peers keep the script's budget)")
-    parser.add_argument("--results", type=Path, default=None, help="where to write the table (default benchmarks/RESULTS.md; --quick: none)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.py override for our rows (repeatable), e.g. --override data.batch_size=128; "
+        "recorded in RESULTS.md's command line; our rows only (the peers keep the script's budget)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="where to write the table (default benchmarks/RESULTS.md; --quick: none)",
+    )
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--throughput-models", default=",".join(THROUGHPUT_MODELS))
     parser.add_argument("--throughput-window", type=int, nargs=2, default=[96, 96], metavar=("L", "H"))
     parser.add_argument("--throughput-steps", type=int, default=10)
     parser.add_argument("--throughput-d-model", type=int, default=64)
-    parser.add_argument("--throughput-profile", type=int, default=0, metavar="N",
-                        help="with --throughput: also print, per model, the N aten ops taking the most time in "
-                        "a network step (torch.profiler)")
+    parser.add_argument(
+        "--throughput-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --throughput: also print, per model, the N aten ops taking the most time in "
+        "a network step (torch.profiler)",
+    )
     parser.add_argument("--_throughput-child", dest="child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_throughput-mode", dest="child_mode", default="step", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         L, H = args.throughput_window
-        print(json.dumps(throughput_child(args.child, L, H, args.throughput_steps, args.throughput_d_model, args.child_mode,
-                                          args.throughput_profile)))
+        print(
+            json.dumps(
+                throughput_child(
+                    args.child,
+                    L,
+                    H,
+                    args.throughput_steps,
+                    args.throughput_d_model,
+                    args.child_mode,
+                    args.throughput_profile,
+                )
+            )
+        )
         return
     if args.throughput:
         args.throughput_models = args.throughput_models.split(",")
@@ -740,22 +928,35 @@ def main() -> None:
                 for m in models:
                     if m in PEERS and not have_nf:
                         continue
-                    row = run_ours(m, d, L, H, args, out_root) if m in OURS else run_peer(m, d, L, H, dm, steps, per_epoch, args)
+                    row = (
+                        run_ours(m, d, L, H, args, out_root)
+                        if m in OURS
+                        else run_peer(m, d, L, H, dm, steps, per_epoch, args)
+                    )
                     # steps: our rows, the optimizer steps made (early stopping, --override data.batch_size);
                     # peers, those made of their budget (max_steps; --peer-patience may stop them earlier)
                     row.setdefault("steps", steps)
                     row.update(model=m, dataset=d, L=L, H=H, expected_windows=protocol_test_windows(d, H))
                     row.setdefault("persistence_mse_ours", p_mse)
                     if m in PEERS and not np.isclose(row["persistence_mse_peer_side"], p_mse, rtol=1e-5):
-                        raise RuntimeError(f"{m}: persistence MSE {row['persistence_mse_peer_side']} on the peer's side, {p_mse} on ours")
+                        raise RuntimeError(
+                            f"{m}: persistence MSE {row['persistence_mse_peer_side']} on the peer's side, {p_mse} on ours"
+                        )
                     if m in OURS and not np.isclose(row["persistence_mse_ours"], p_mse, rtol=1e-4):
-                        raise RuntimeError(f"{m}: the run's naive baseline MSE {row['persistence_mse_ours']}, {p_mse} from the windows")
+                        raise RuntimeError(
+                            f"{m}: the run's naive baseline MSE {row['persistence_mse_ours']}, {p_mse} from the windows"
+                        )
                     row["source"] = f"measured {stamp}" + (" (--quick)" if args.quick else "")
                     measured.append(row)
-                    print(f"\n{m} {d} L={L} H={H}: mse {row['mse']:.4f} mae {row['mae']:.4f}, "
-                          f"{row['test_windows']} test windows (protocol {row['expected_windows']}, ours {n_ours}), "
-                          f"{row['steps']} steps, {row['train_s']:.1f} s", flush=True)
-                    if results is not None:  # after every row: an interrupted run leaves its rows and the pending list
+                    print(
+                        f"\n{m} {d} L={L} H={H}: mse {row['mse']:.4f} mae {row['mae']:.4f}, "
+                        f"{row['test_windows']} test windows (protocol {row['expected_windows']}, ours {n_ours}), "
+                        f"{row['steps']} steps, {row['train_s']:.1f} s",
+                        flush=True,
+                    )
+                    if (
+                        results is not None
+                    ):  # after every row: an interrupted run leaves its rows and the pending list
                         write_results(results, measured, grid, args, stamp)
     print(f"\n{stamp}, {machine()}\n")
     print(markdown(measured, COLUMNS))

@@ -49,7 +49,11 @@ QUICK = [
     "trainer.limit_val_batches=1",
     "data.eval_stride=50",
 ]
-COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger.mlflow.experiment_name=examples"]
+COMMON = [
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "logger.mlflow.experiment_name=examples",
+]
 
 
 def data_sizes(overrides: list[str]) -> dict[str, int]:
@@ -102,9 +106,17 @@ def persistence(forecasts: pd.DataFrame, overrides: list[str]) -> pd.DataFrame:
     dm = instantiate(compose_config(overrides, Path(tempfile.mkdtemp())).data)
     dm.setup()
     history = dm.frame.rename(columns={dm.schema.time_col: "origin_time"})
-    history = history.rename(columns={dm.schema.series_col: "series_id"}) if dm.schema.series_col else history.assign(series_id=0)
-    last = history.melt(["series_id", "origin_time"], list(dm.target_names), var_name="variable", value_name="last")
-    naive = forecasts.merge(last, on=["series_id", "origin_time", "variable"], how="left", validate="many_to_one")
+    history = (
+        history.rename(columns={dm.schema.series_col: "series_id"})
+        if dm.schema.series_col
+        else history.assign(series_id=0)
+    )
+    last = history.melt(
+        ["series_id", "origin_time"], list(dm.target_names), var_name="variable", value_name="last"
+    )
+    naive = forecasts.merge(
+        last, on=["series_id", "origin_time", "variable"], how="left", validate="many_to_one"
+    )
     return naive.assign(y_pred=naive.pop("last"))
 
 
@@ -121,7 +133,11 @@ def error_by_step(forecasts: pd.DataFrame, steps: list[int]) -> dict[str, float]
 def examples(quick: bool) -> dict[str, dict]:
     """name -> {requires: path or None, runs: {label: overrides}}; sizes matched where asked."""
     sensor = ["experiment=sensor_30_70", "~callbacks.early_stopping"]
-    sensor_budget = [] if quick else ["trainer.max_epochs=6", "trainer.limit_train_batches=150", "trainer.limit_val_batches=6"]
+    sensor_budget = (
+        []
+        if quick
+        else ["trainer.max_epochs=6", "trainer.limit_train_batches=150", "trainer.limit_val_batches=6"]
+    )
     sensor_runs = {
         "enc_dec": [*sensor, *sensor_budget],
         "enc_only_forecast": [*sensor, "model=enc_only_forecast", *sensor_budget],
@@ -139,7 +155,12 @@ def examples(quick: bool) -> dict[str, dict]:
                 "dec_only, forecast error": ["experiment=wind_scada_forecast_error"],
             },
         },
-        "sensor_30_70": {"requires": None, "runs": sensor_runs, "match_params_to": "enc_dec", "coherence": True},
+        "sensor_30_70": {
+            "requires": None,
+            "runs": sensor_runs,
+            "match_params_to": "enc_dec",
+            "coherence": True,
+        },
     }
 
 
@@ -153,7 +174,9 @@ def mean_sd(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="+", help="example names to run")
     parser.add_argument("--runs", nargs="+", help="run labels to keep within the examples (e.g. enc_dec)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -173,7 +196,10 @@ def main() -> None:
             reference = runs[spec["match_params_to"]]
             sizes = data_sizes(reference)
             target = count_params(reference, sizes)
-            runs = {label: ov if ov is reference else match_budget(ov, target, sizes) for label, ov in runs.items()}
+            runs = {
+                label: ov if ov is reference else match_budget(ov, target, sizes)
+                for label, ov in runs.items()
+            }
         for label, overrides in runs.items():
             if args.runs and label not in args.runs:
                 continue
@@ -184,9 +210,16 @@ def main() -> None:
                 results.append(run(cfg))
                 logged.append(MlflowClient(cfg.logger.mlflow.tracking_uri).get_run(results[-1].run_id).data)
             metrics = [r.metrics for r in results]
-            variables = sorted(k.removeprefix("test/mae_orig/") for k in metrics[0] if k.startswith("test/mae_orig/"))
+            variables = sorted(
+                k.removeprefix("test/mae_orig/") for k in metrics[0] if k.startswith("test/mae_orig/")
+            )
             baselines = sorted(
-                {k.removeprefix("test/").removesuffix("_mae_orig") for k in metrics[0] if k.endswith("_mae_orig")} - {"mae_orig"}
+                {
+                    k.removeprefix("test/").removesuffix("_mae_orig")
+                    for k in metrics[0]
+                    if k.endswith("_mae_orig")
+                }
+                - {"mae_orig"}
             )
             # a baseline measured identically for several models (same windows, same inputs) is shown once
             key = {b: (name, b, round(metrics[0][f"test/{b}_mae_orig"], 6)) for b in baselines}
@@ -206,15 +239,23 @@ def main() -> None:
                     row["train s"] = mean_sd([d.metrics["fit/seconds"] for d in logged])
                 rows.append(row)
             if spec.get("coherence"):
-                per_seed = [coherence(r.forecasts) | error_by_step(r.forecasts, [1, 10, 35, 70]) for r in results]
+                per_seed = [
+                    coherence(r.forecasts) | error_by_step(r.forecasts, [1, 10, 35, 70]) for r in results
+                ]
                 naive = persistence(results[0].forecasts, overrides)
                 base = coherence(naive)
-                step_rows.append({"model": label, **{k: mean_sd([p[k] for p in per_seed]) for k in per_seed[0]}})
+                step_rows.append(
+                    {"model": label, **{k: mean_sd([p[k] for p in per_seed]) for k in per_seed[0]}}
+                )
                 if label == "enc_dec":
                     truth = {k: v for k, v in error_by_step(naive, [1, 10, 35, 70]).items()}
-                    step_rows.append({"model": "  persistence", **{k: f"{v:.4g}" for k, v in (base | truth).items()}})
+                    step_rows.append(
+                        {"model": "  persistence", **{k: f"{v:.4g}" for k, v in (base | truth).items()}}
+                    )
 
-    print(f"\nseeds: {seeds}; every figure is a test-set figure measured in this run (mean ± sd over seeds)\n")
+    print(
+        f"\nseeds: {seeds}; every figure is a test-set figure measured in this run (mean ± sd over seeds)\n"
+    )
     if rows:
         print(pd.DataFrame(rows).fillna("").to_markdown(index=False))
     if step_rows:

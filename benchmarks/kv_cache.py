@@ -25,7 +25,9 @@ def timed(fn, device: str, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--horizons", type=int, nargs="+", default=[96, 336, 720])
     parser.add_argument("--context", type=int, default=96)
     parser.add_argument("--batch", type=int, default=32)
@@ -39,7 +41,10 @@ def main() -> None:
     torch.manual_seed(0)
     dev = args.device
     shared = {
-        "d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers, "positional": "sinusoidal"
+        "d_model": args.d_model,
+        "n_heads": args.heads,
+        "n_layers": args.layers,
+        "positional": "sinusoidal",
     }
     d_target, d_known = 1, 2
     models = {
@@ -53,7 +58,9 @@ def main() -> None:
         f"device={dev} torch={torch.__version__} threads={torch.get_num_threads()} batch={B} context={N} "
         f"d_model={args.d_model} layers={args.layers} heads={args.heads}"
     )
-    print(f"{'model':<15} {'horizon':>7} {'uncached s':>11} {'cached s':>9} {'speed-up':>9} {'cached ms/step':>15}")
+    print(
+        f"{'model':<15} {'horizon':>7} {'uncached s':>11} {'cached s':>9} {'speed-up':>9} {'cached ms/step':>15}"
+    )
     for name, model in models.items():
         model.to(dev).eval()
         for H in [8, *args.horizons]:  # the first, short horizon only warms up (not printed)

@@ -46,8 +46,13 @@ DATASETS = {
     # series (20,000 one-minute steps per series, the test period 2 days of each of 3): with the
     # default 6,000 (a test period of 14 hours) one run's coverage has a standard error of 0.02-0.075
     # (block bootstrap over 6-hour blocks), as wide as the acceptance band itself
-    "plant": ["data=plant", "data.source.n_steps=20000", "model.net.d_model=32", "trainer.max_epochs=4",
-              "data.train_stride=2"],
+    "plant": [
+        "data=plant",
+        "data.source.n_steps=20000",
+        "model.net.d_model=32",
+        "trainer.max_epochs=4",
+        "data.train_stride=2",
+    ],
     "wind_scada": ["experiment=wind_scada"],
 }
 COMMON = [
@@ -63,7 +68,9 @@ def coverage_standard_error(forecasts, block: str = "6h", n_boot: int = 2000, se
     rows): errors of nearby origins are correlated, so whole blocks (series x `block` of origins) are
     resampled, not single rows."""
     covered = (forecasts.y_true >= forecasts["q0.1"]) & (forecasts.y_true <= forecasts["q0.9"])
-    blocks = covered.groupby([forecasts.series_id, forecasts.origin_time.dt.floor(block)]).agg(["sum", "size"])
+    blocks = covered.groupby([forecasts.series_id, forecasts.origin_time.dt.floor(block)]).agg(
+        ["sum", "size"]
+    )
     idx = np.random.default_rng(seed).integers(0, len(blocks), (n_boot, len(blocks)))  # (n_boot, n_blocks)
     hits, n = blocks["sum"].to_numpy(), blocks["size"].to_numpy()
     return float((hits[idx].sum(axis=1) / n[idx].sum(axis=1)).std())
@@ -109,16 +116,27 @@ def coherence(model_folder: Path, overrides: list[str], output_dir: Path, seed: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default="plant,wind_scada")
     parser.add_argument("--families", default="dec_only,enc_dec")
     parser.add_argument("--heads", default="gaussian,student_t,quantile")
-    parser.add_argument("--eval-stride", type=int, default=6, help="test (and validation) windows every N origins")
-    parser.add_argument("--quick", action="store_true", help="tiny settings: checks the script, not the figures")
+    parser.add_argument(
+        "--eval-stride", type=int, default=6, help="test (and validation) windows every N origins"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny settings: checks the script, not the figures"
+    )
     parser.add_argument("--out", default=None, help="output folder of the runs (default: a temporary one)")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a train.py override for every run (repeatable), after the data set's own, "
-                        "e.g. --override trainer.max_epochs=8")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.py override for every run (repeatable), after the data set's own, "
+        "e.g. --override trainer.max_epochs=8",
+    )
     args = parser.parse_args()
     logging.getLogger("lightning").setLevel(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -128,20 +146,45 @@ def main() -> None:
     for dataset in args.datasets.split(","):
         for family in args.families.split(","):
             for head in args.heads.split(","):
-                overrides = [*DATASETS[dataset], f"model={family}", f"head={head}", *COMMON,
-                             f"data.eval_stride={args.eval_stride}", *args.override]
+                overrides = [
+                    *DATASETS[dataset],
+                    f"model={family}",
+                    f"head={head}",
+                    *COMMON,
+                    f"data.eval_stride={args.eval_stride}",
+                    *args.override,
+                ]
                 if args.quick:
-                    overrides += ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-                                  "model.net.d_model=16", "model.head.num_samples=10"]
+                    overrides += [
+                        "trainer.max_epochs=1",
+                        "trainer.limit_train_batches=3",
+                        "trainer.limit_val_batches=2",
+                        "model.net.d_model=16",
+                        "model.head.num_samples=10",
+                    ]
                 folder = out / f"{dataset}-{family}-{head}"
                 start = time.perf_counter()
                 result = run(compose_config(overrides, folder))
                 seconds = time.perf_counter() - start
                 m = result.metrics
                 se = coverage_standard_error(result.forecasts)
-                rows.append((dataset, family, head, m["test/coverage_80"], se, m["test/width_80_orig"], m["test/crps_orig"],
-                             m["test/baseline_coverage_80"], m["test/baseline_width_80_orig"], m["test/baseline_crps_orig"],
-                             m["test/mae_orig"], m.get("calibration/val_coverage_80_as_trained", float("nan")), seconds))
+                rows.append(
+                    (
+                        dataset,
+                        family,
+                        head,
+                        m["test/coverage_80"],
+                        se,
+                        m["test/width_80_orig"],
+                        m["test/crps_orig"],
+                        m["test/baseline_coverage_80"],
+                        m["test/baseline_width_80_orig"],
+                        m["test/baseline_crps_orig"],
+                        m["test/mae_orig"],
+                        m.get("calibration/val_coverage_80_as_trained", float("nan")),
+                        seconds,
+                    )
+                )
                 print(f"done {dataset} {family} {head}: {seconds:.0f} s, run {result.run_id}", flush=True)
                 if dataset == "wind_scada":
                     c = coherence(result.model_folder, overrides, folder / "coherence")
@@ -149,25 +192,39 @@ def main() -> None:
                     print(f"coherence {family} {head}: {c}", flush=True)
 
     print()
-    print(f"runs in {out}; eval_stride={args.eval_stride}; quick={args.quick}; overrides={args.override}; "
-          f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    print("coverage_80 SE: block-bootstrap standard error of that coverage (6-hour blocks of origins per series)")
-    print("| data | family | head | coverage_80 | coverage_80 SE | width_80 | CRPS | baseline coverage_80 | baseline width_80 | "
-          "baseline CRPS | MAE | val coverage_80 as trained | accepted | train+test s |")
+    print(
+        f"runs in {out}; eval_stride={args.eval_stride}; quick={args.quick}; overrides={args.override}; "
+        f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    )
+    print(
+        "coverage_80 SE: block-bootstrap standard error of that coverage (6-hour blocks of origins per series)"
+    )
+    print(
+        "| data | family | head | coverage_80 | coverage_80 SE | width_80 | CRPS | baseline coverage_80 | baseline width_80 | "
+        "baseline CRPS | MAE | val coverage_80 as trained | accepted | train+test s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for data, family, head, cov, se, width, crps, bcov, bwidth, bcrps, mae, raw, seconds in rows:
         ok = 0.75 <= cov <= 0.85 and crps < bcrps
-        print(f"| {data} | {family} | {head} | {cov:.3f} | {se:.3f} | {width:.4g} | {crps:.4g} | {bcov:.3f} | {bwidth:.4g} | "
-              f"{bcrps:.4g} | {mae:.4g} | {raw:.3f} | {'yes' if ok else 'no'} | {seconds:.0f} |")
+        print(
+            f"| {data} | {family} | {head} | {cov:.3f} | {se:.3f} | {width:.4g} | {crps:.4g} | {bcov:.3f} | {bwidth:.4g} | "
+            f"{bcrps:.4g} | {mae:.4g} | {raw:.3f} | {'yes' if ok else 'no'} | {seconds:.0f} |"
+        )
     if coherent:
         print()
-        print("lag-1 autocorrelation of step-to-step changes, T1 test windows (acceptance 2: sampled within 0.1 of real)")
-        print("| family | head | windows x paths | real series | paths as trained | their independent draws | "
-              "calibrated paths | their independent draws |")
+        print(
+            "lag-1 autocorrelation of step-to-step changes, T1 test windows (acceptance 2: sampled within 0.1 of real)"
+        )
+        print(
+            "| family | head | windows x paths | real series | paths as trained | their independent draws | "
+            "calibrated paths | their independent draws |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for family, head, c in coherent:
-            print(f"| {family} | {head} | {c['windows']} x {c['paths']} | {c['real']:.3f} | {c['as_trained']:.3f} | "
-                  f"{c['as_trained_independent']:.3f} | {c['calibrated']:.3f} | {c['calibrated_independent']:.3f} |")
+            print(
+                f"| {family} | {head} | {c['windows']} x {c['paths']} | {c['real']:.3f} | {c['as_trained']:.3f} | "
+                f"{c['as_trained_independent']:.3f} | {c['calibrated']:.3f} | {c['calibrated_independent']:.3f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ from tsformer.nn.heads import StudentTHead
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--horizon", type=int, default=18)
@@ -40,13 +42,20 @@ def main() -> None:
     dev, B, S, N, M = args.device, args.batch, args.samples, args.context, args.horizon
     head = StudentTHead()
     shared = {
-        "d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers, "n_params": head.n_params
+        "d_model": args.d_model,
+        "n_heads": args.heads,
+        "n_layers": args.layers,
+        "n_params": head.n_params,
     }
     d_target, d_known = 1, 3  # T1: power; wind speed, direction sin and cos
     dec = DecoderOnly(DecoderOnlyConfig(d_target=d_target, d_known=d_known, **shared)).to(dev).eval()
-    encdec = EncoderDecoder(
-        EncoderDecoderConfig(d_enc_in=d_target + d_known, d_target=d_target, d_known=d_known, **shared)
-    ).to(dev).eval()
+    encdec = (
+        EncoderDecoder(
+            EncoderDecoderConfig(d_enc_in=d_target + d_known, d_target=d_target, d_known=d_known, **shared)
+        )
+        .to(dev)
+        .eval()
+    )
     hist_y, hist_k = torch.randn(B, N, d_target, device=dev), torch.randn(B, N, d_known, device=dev)
     fut_k = torch.randn(B, M, d_known, device=dev)
     hist = torch.cat([hist_y, hist_k], dim=-1)

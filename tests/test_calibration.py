@@ -50,7 +50,9 @@ def test_conformal_factor_is_the_split_conformal_order_statistic():
 def test_calibration_on_validation_gives_80_percent_coverage_on_new_windows(true_sd_per_forecast_sd):
     gen = torch.Generator().manual_seed(0)
     T, D = 6, 2
-    sd = torch.linspace(0.5, 1.5, T).view(1, T, 1).expand(1, T, D)  # the forecast's spread grows with the step
+    sd = (
+        torch.linspace(0.5, 1.5, T).view(1, T, 1).expand(1, T, D)
+    )  # the forecast's spread grows with the step
     growth = torch.linspace(1.0, 2.0, T).view(1, T, 1)  # and the truth's even faster (too sharp far ahead)
 
     def windows(n):
@@ -59,7 +61,9 @@ def test_calibration_on_validation_gives_80_percent_coverage_on_new_windows(true
         return gaussian_forecast(loc, sd.expand(n, T, D)), truth
 
     val_forecast, val_truth = windows(2000)
-    scale = torch.as_tensor(conformal_by_step(spread_needed(val_forecast, val_truth).numpy(), 0.8), dtype=torch.float32)  # (T, D)
+    scale = torch.as_tensor(
+        conformal_by_step(spread_needed(val_forecast, val_truth).numpy(), 0.8), dtype=torch.float32
+    )  # (T, D)
     test_forecast, test_truth = windows(4000)
     raw = scores(test_forecast, test_truth, [0.5])["coverage_80"].mean(dim=0)  # (T, D)
     calibrated_forecast = test_forecast.with_spread_scale(scale)
@@ -100,7 +104,9 @@ def test_paths_narrowed_are_rescaled_whole_about_the_median():
     scale = torch.tensor([[0.5, 1.0], [0.8, 0.9], [1.0, 0.7], [0.6, 0.3]])  # (T, D), none above 1
     dist = SampleForecast(samples)
     median = dist.quantiles([0.5])[..., 0].unsqueeze(1)  # (B, 1, T, D)
-    assert torch.allclose(dist.with_spread_scale(scale).samples, median + scale * (samples - median), atol=1e-6)
+    assert torch.allclose(
+        dist.with_spread_scale(scale).samples, median + scale * (samples - median), atol=1e-6
+    )
 
 
 def lag1_of_changes(paths: torch.Tensor) -> float:
@@ -192,8 +198,12 @@ def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_
     k = math.ceil((n_val + 1) * 0.8)
     # on the validation windows, every step covers exactly the conformal share (continuous scores)
     val_coverage = coverage_by_step(task, dm, "val")
-    assert torch.allclose(val_coverage, torch.full_like(val_coverage, k / n_val), atol=1.5 / n_val), val_coverage
-    assert np.isclose(result.metrics["test/coverage_80"], coverage_by_step(task, dm, "test").mean().item(), atol=1e-6)
+    assert torch.allclose(val_coverage, torch.full_like(val_coverage, k / n_val), atol=1.5 / n_val), (
+        val_coverage
+    )
+    assert np.isclose(
+        result.metrics["test/coverage_80"], coverage_by_step(task, dm, "test").mean().item(), atol=1e-6
+    )
 
     # the same network calibrated rolling (the default), and not at all
     rolling = run(compose_config(overrides, in_tmp / "rolling"))
@@ -212,7 +222,9 @@ def test_model_folders_of_format_1_load_only_with_a_point_head(in_tmp):
     """Format 2 changed what a distribution head's weights mean (median-anchored quantile knots, the
     spread factors): an older folder with one is refused with a message, a point-head folder loads."""
     for head in ("point", "gaussian"):
-        result = run(compose_config(["model=enc_only_forecast", f"head={head}", *TINY, "logger=none"], in_tmp / head))
+        result = run(
+            compose_config(["model=enc_only_forecast", f"head={head}", *TINY, "logger=none"], in_tmp / head)
+        )
         config_path = result.model_folder / "tsformer.json"
         config = json.loads(config_path.read_text())
         config["format_version"] = 1

@@ -63,7 +63,9 @@ def test_each_head_with_each_model(model, head, in_tmp):
     overrides = [f"model={model}", f"head={head}", "++model.head.num_samples=4", "data.eval_batch_size=8"]
     cfg = compose_small(overrides, in_tmp / "out")
     dm, task = build(cfg)
-    assert task.hparams.head["kind"] == head  # in the hyperparameters: checkpoints and model folders rebuild it
+    assert (
+        task.hparams.head["kind"] == head
+    )  # in the hyperparameters: checkpoints and model folders rebuild it
     batch = next(iter(dm.test_dataloader()))
     with torch.no_grad():
         point, quantiles = task.eval().forecast_with_quantiles(batch, [0.1, 0.5, 0.9])
@@ -140,7 +142,11 @@ def test_console_script_composes_from_any_folder(tmp_path):
     assert script.exists(), "the console script is installed with the package"
     proc = subprocess.run(
         [str(script), "--cfg", "job", "model=dec_only"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tsformer.tasks.DecoderOnlyForecaster" in proc.stdout

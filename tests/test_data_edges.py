@@ -32,8 +32,14 @@ def hourly(n_steps=100, start="2024-01-01", freq="h", **columns) -> pd.DataFrame
 
 
 def make_dm(source, **overrides) -> TimeSeriesDataModule:
-    kwargs = {"name": "toy", "target_cols": ["y"], "context_len": 5, "horizon": 3,
-              "val_fraction": 0.25, "test_fraction": 0.25}
+    kwargs = {
+        "name": "toy",
+        "target_cols": ["y"],
+        "context_len": 5,
+        "horizon": 3,
+        "val_fraction": 0.25,
+        "test_fraction": 0.25,
+    }
     return TimeSeriesDataModule(source, **{**kwargs, **overrides})
 
 
@@ -56,8 +62,16 @@ def test_dates_that_read_day_first_and_month_first_ask_for_the_time_format(tmp_p
     path = tmp_path / "day_first.csv"
     df.to_csv(path, index=False)
     message = setup_error(str(path))
-    for words in [str(path), "column 'time'", "day-first and month-first", "'02/01/2024 00:00'",
-                  "row 24 (line 26)", "data.time_format", "--time-format", f"'{DAY_FIRST}'"]:
+    for words in [
+        str(path),
+        "column 'time'",
+        "day-first and month-first",
+        "'02/01/2024 00:00'",
+        "row 24 (line 26)",
+        "data.time_format",
+        "--time-format",
+        f"'{DAY_FIRST}'",
+    ]:
         assert words in message, (words, message)
     dm = make_dm(str(path), time_format=DAY_FIRST)
     dm.setup()
@@ -105,8 +119,14 @@ def test_a_step_change_says_where_and_from_what_to_what(tmp_path):
     path = tmp_path / "step.csv"
     df.to_csv(path, index=False)
     message = setup_error(str(path), val_fraction=0.15, test_fraction=0.1)  # val: from row 1500
-    for words in [str(path), "split 'val'", "changes from 10min to 15min", "row 1500 (line 1502)",
-                  str(fifteen[0]), "resample"]:
+    for words in [
+        str(path),
+        "split 'val'",
+        "changes from 10min to 15min",
+        "row 1500 (line 1502)",
+        str(fifteen[0]),
+        "resample",
+    ]:
         assert words in message, (words, message)
 
 
@@ -170,8 +190,10 @@ def test_csv_options_read_semicolons_decimal_commas_and_latin_1(tmp_path):
     [
         ({}, ["not utf-8 text", "byte 0xe9", "data.csv.encoding", "--encoding", "latin-1"]),
         ({"encoding": "latin-1"}, ["one column 'time;température'", "';'", "data.csv.sep", "--sep"]),
-        ({"encoding": "latin-1", "sep": ";"}, ["'0,25'", "column 'température'", "row 0 (line 2)",
-                                                "data.csv.decimal", "--decimal"]),
+        (
+            {"encoding": "latin-1", "sep": ";"},
+            ["'0,25'", "column 'température'", "row 0 (line 2)", "data.csv.decimal", "--decimal"],
+        ),
     ],
 )
 def test_a_csv_written_another_way_names_the_option_to_set(options, words, tmp_path):
@@ -262,8 +284,11 @@ def european_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("european")
     european_table(plant_in_march(), folder / "plant.csv")
     overrides = [
-        "model=enc_dec", *plant_csv_overrides(folder / "plant.csv"), "logger=none",
-        f"data.time_format='{DAY_FIRST}'", *[f"data.csv.{k}='{v}'" for k, v in EURO_CSV.items()],
+        "model=enc_dec",
+        *plant_csv_overrides(folder / "plant.csv"),
+        "logger=none",
+        f"data.time_format='{DAY_FIRST}'",
+        *[f"data.csv.{k}='{v}'" for k, v in EURO_CSV.items()],
     ]
     return run(compose_config(overrides, folder / "out"))
 

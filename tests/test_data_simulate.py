@@ -64,7 +64,10 @@ def test_wind_table_holds_only_the_columns_data_wind_uses(tmp_path, capsys):
 @pytest.mark.parametrize("future", [[], ["--future-steps", "5"]], ids=["train_hint", "predict_hint"])
 def test_printed_commands_name_this_interpreter_and_an_existing_script(tmp_path, capsys, future):
     """The next command `simulate` prints runs as shown, without the environment active."""
-    assert fetch.cli(["simulate", "plant", "--n-steps", "40", "--output", str(tmp_path / "a b.csv"), *future]) == 0
+    assert (
+        fetch.cli(["simulate", "plant", "--n-steps", "40", "--output", str(tmp_path / "a b.csv"), *future])
+        == 0
+    )
     hint = capsys.readouterr().out.strip().splitlines()[-1]
     command = shlex.split(hint.split(": ", 1)[1])
     assert os.path.samefile(command[0], sys.executable)

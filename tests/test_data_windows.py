@@ -170,8 +170,15 @@ def test_test_loader_goes_forward_in_time_over_all_series_together():
     """Two series over the same hours: the test windows come by origin time, the series interleaved
     (the rolling spread calibration pools each series' truths as they come in), each window once."""
     df = simulate_plant(n_series=2, n_steps=400, seed=0)
-    dm = make_dm(df, target_cols=["dynamic_temperature"], known_cols=["supply_voltage"], observed_cols=[],
-                 series_col="series_id", val_start=None, test_start=None)
+    dm = make_dm(
+        df,
+        target_cols=["dynamic_temperature"],
+        known_cols=["supply_voltage"],
+        observed_cols=[],
+        series_col="series_id",
+        val_start=None,
+        test_start=None,
+    )
     info = dm.window_info("test")
     assert info["series_id"].nunique() == 2
     assert info["series_id"].is_monotonic_increasing  # the dataset's own order: series by series

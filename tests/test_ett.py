@@ -24,6 +24,7 @@ from tsformer.train import CONFIG_DIR, compose_config, run
 DATA = REPO.parent / "shared" / "data" / "ETT-small"
 needs_data = pytest.mark.needs_data(DATA)  # skipped where the folder is absent (conftest.py)
 
+
 # The protocol in rows (Time-Series-Library's Dataset_ETT_hour / Dataset_ETT_minute): borders of the
 # rows each split reads, history included; ETTm is the same times 4.
 def protocol_borders(name: str, L: int) -> dict[str, tuple[int, int]]:
@@ -140,7 +141,10 @@ def test_end_to_end_every_test_window_is_in_the_forecasts_csv(in_tmp):
 # The 48 files conf/experiment/ett/<name>_<L>_<H>.yaml that `experiment=ett data.name=<name>
 # model.context_len=<L> model.horizon=<H>` replaced: each set exactly these three values over experiment=ett.
 OLD_PRESETS = [
-    (name, L, H) for name in ("ETTh1", "ETTh2", "ETTm1", "ETTm2") for L in (96, 336, 512) for H in (96, 192, 336, 720)
+    (name, L, H)
+    for name in ("ETTh1", "ETTh2", "ETTm1", "ETTm2")
+    for L in (96, 336, 512)
+    for H in (96, 192, 336, 720)
 ]
 # What experiment=ett gives every combination (the old files changed none of it)
 PROTOCOL = {
@@ -181,15 +185,25 @@ def test_experiment_ett_composes_every_old_preset(tmp_path):
             assert got == value, (overrides, key)
         # the rest of the config is the default combination's
         changed = differing_keys(base, OmegaConf.to_container(cfg, resolve=True))
-        assert changed <= {"data.name", "data.source.name", "data.context_len", "data.horizon",
-                           "model.context_len", "model.horizon"}, (overrides, changed)
+        assert changed <= {
+            "data.name",
+            "data.source.name",
+            "data.context_len",
+            "data.horizon",
+            "model.context_len",
+            "model.horizon",
+        }, (overrides, changed)
     GlobalHydra.instance().clear()
 
 
 def differing_keys(a, b, prefix="") -> set[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         keys = set(a) | set(b)
-        return set().union(*(differing_keys(a.get(k), b.get(k), f"{prefix}{k}.") for k in keys)) if keys else set()
+        return (
+            set().union(*(differing_keys(a.get(k), b.get(k), f"{prefix}{k}.") for k in keys))
+            if keys
+            else set()
+        )
     return set() if a == b else {prefix.rstrip(".")}
 
 
@@ -213,7 +227,9 @@ def test_loader_falls_back_to_the_env_folder_then_the_shared_copy(tmp_path, monk
     monkeypatch.setattr(ett, "fallback_folders", lambda: [tmp_path / "copy" / "ETT-small"])
     with pytest.raises(FileNotFoundError) as err:
         load_ett(tmp_path / "empty", "ETTm2")
-    assert str(tmp_path / "empty") in str(err.value) and str(tmp_path / "copy" / "ETT-small") in str(err.value)
+    assert str(tmp_path / "empty") in str(err.value) and str(tmp_path / "copy" / "ETT-small") in str(
+        err.value
+    )
 
 
 def test_protocol_timestamps_are_the_protocols_rows():

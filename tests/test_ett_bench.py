@@ -63,9 +63,21 @@ def test_quick_run_writes_results_rows(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [
-        sys.executable, str(REPO / "benchmarks" / "ett.py"), "--quick", "--models", "tsformer-enc_only_forecast",
-        "--datasets", "ETTh1", "--lookbacks", "96", "--horizons", "96", "--results", str(results),
-        "--override", "trainer.limit_train_batches=2",  # fewer steps than the --quick budget of 3
+        sys.executable,
+        str(REPO / "benchmarks" / "ett.py"),
+        "--quick",
+        "--models",
+        "tsformer-enc_only_forecast",
+        "--datasets",
+        "ETTh1",
+        "--lookbacks",
+        "96",
+        "--horizons",
+        "96",
+        "--results",
+        str(results),
+        "--override",
+        "trainer.limit_train_batches=2",  # fewer steps than the --quick budget of 3
     ]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -84,7 +96,9 @@ def test_quick_run_writes_results_rows(tmp_path):
     assert [(r["dataset"], r["H"], r["mse"]) for r in published] == [("ETTh1", "96", "0.3700")]
 
     detail = next(r for r in details if r["model"] == "tsformer-enc_only_forecast")
-    assert detail["test_windows"] == detail["expected_windows"] == "2785"  # every rolling origin of the test period
+    assert (
+        detail["test_windows"] == detail["expected_windows"] == "2785"
+    )  # every rolling origin of the test period
     assert float(detail["persistence_mse_ours"]) > 0
     # the MSE over the windows a drop_last loader of 128 keeps (2688 of 2785): close to, not equal to, mse
     assert 0 < float(detail["mse_drop_last_128"]) < 10 and detail["mse_drop_last_128"] != row["mse"]

@@ -23,7 +23,11 @@ def toy(drop=(3, 4, 10, 11, 12, 13, 14, 15)):
     frames = []
     for sid in (0, 1):
         t = pd.date_range("2024-01-01", periods=30, freq="min")
-        frames.append(pd.DataFrame({"series_id": sid, "time": t, "y": np.arange(30.0) + 100 * sid}).drop(index=list(drop)))
+        frames.append(
+            pd.DataFrame({"series_id": sid, "time": t, "y": np.arange(30.0) + 100 * sid}).drop(
+                index=list(drop)
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -45,9 +49,14 @@ def test_short_gaps_are_filled_and_flagged_long_ones_stay(method):
 
 def make_dm(df, **kw):
     args = {
-        "target_cols": TARGETS, "known_cols": KNOWN, "series_col": "series_id",
-        "context_len": 20, "horizon": 5, "eval_batch_size": 10_000,
-        "val_start": "2024-01-01 08:00", "test_start": "2024-01-01 09:00",
+        "target_cols": TARGETS,
+        "known_cols": KNOWN,
+        "series_col": "series_id",
+        "context_len": 20,
+        "horizon": 5,
+        "eval_batch_size": 10_000,
+        "val_start": "2024-01-01 08:00",
+        "test_start": "2024-01-01 09:00",
     }
     dm = TimeSeriesDataModule(df, **(args | kw))
     dm.setup()
@@ -79,7 +88,11 @@ def test_filled_steps_do_not_enter_the_loss():
     # and a filled value is a legitimate input), so a change there can only act through the loss
     task = EncoderForecaster(
         net={"d_model": 16, "n_heads": 2, "n_layers": 1},
-        d_target=2, d_known=3, d_observed=0, context_len=20, horizon=5,
+        d_target=2,
+        d_known=3,
+        d_observed=0,
+        context_len=20,
+        horizon=5,
     )
     loss = task.loss(batch)
     changed = dict(batch, fut_target=torch.where(batch["fut_valid"][..., None], batch["fut_target"], 1e6))
@@ -94,8 +107,11 @@ def test_run_with_fill_scores_and_exports_only_measured_steps(in_tmp):
     gap = df.time.isin(df.time.drop_duplicates().iloc[[700, 701]])  # in the test period
     df[~gap].to_csv(in_tmp / "gappy.csv", index=False)
     overrides = [
-        "model=enc_dec", *plant_csv_overrides(in_tmp / "gappy.csv"), "data.fill=interpolate",
-        "data.max_fill_steps=2", "logger=none",
+        "model=enc_dec",
+        *plant_csv_overrides(in_tmp / "gappy.csv"),
+        "data.fill=interpolate",
+        "data.max_fill_steps=2",
+        "logger=none",
     ]
     result = run(compose_config(overrides, in_tmp / "out"))
     csv = result.forecasts
@@ -104,7 +120,9 @@ def test_run_with_fill_scores_and_exports_only_measured_steps(in_tmp):
     assert at_gap.any() and csv.y_true[at_gap].isna().all() and csv.y_true[~at_gap].notna().all()
     # the logged test metric is the CSV's error over the measured steps only
     measured = csv[~at_gap]
-    assert result.metrics["test/mae_orig"] == pytest.approx((measured.y_pred - measured.y_true).abs().mean(), rel=1e-4)
+    assert result.metrics["test/mae_orig"] == pytest.approx(
+        (measured.y_pred - measured.y_true).abs().mean(), rel=1e-4
+    )
 
     # prediction applies the same fill to a history with a short gap; without fill it is refused
     forecaster = Forecaster.load(result.model_folder)

@@ -83,7 +83,9 @@ def test_each_year_file_is_looked_up_in_every_folder(tmp_path):
 def test_column_names_with_spaces_around_them_are_read(tmp_path, caplog):
     """A year file whose header says 'AFDP ' (as one real copy does) loads; the rename is logged."""
     values = {c: [float(i), float(i) + 1.0] for i, c in enumerate(COLUMNS)}
-    pd.DataFrame(values).rename(columns={"AFDP": "AFDP ", "CO": " CO"}).to_csv(tmp_path / "gt_2011.csv", index=False)
+    pd.DataFrame(values).rename(columns={"AFDP": "AFDP ", "CO": " CO"}).to_csv(
+        tmp_path / "gt_2011.csv", index=False
+    )
     with caplog.at_level(logging.INFO, logger="tsformer.data.gas_turbine"):
         frame = load_gas_turbine(tmp_path, years=[2011])
     assert list(frame.columns) == ["time", "series_id", *COLUMNS]

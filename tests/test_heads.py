@@ -82,7 +82,9 @@ def test_fitting_the_raw_outputs_recovers_the_true_parameters(head):
     y = draws(head, n=10_000)
     raw = torch.zeros(1, 2 * head.n_params, requires_grad=True)
     opt = torch.optim.Adam([raw], lr=0.05)
-    decay = torch.optim.lr_scheduler.MultiStepLR(opt, [1200], gamma=0.2)  # the pinball loss's gradient never shrinks
+    decay = torch.optim.lr_scheduler.MultiStepLR(
+        opt, [1200], gamma=0.2
+    )  # the pinball loss's gradient never shrinks
     for _ in range(1500):
         opt.zero_grad()
         head.loss(head.params(raw).expand(len(y), -1, -1), y).backward()
@@ -161,8 +163,12 @@ def test_affine_maps_the_quantiles(head):
     params = head.params(torch.randn(4, 6, 2 * head.n_params))  # (B, T, 2, P)
     loc, scale = torch.randn(4, 1, 2), torch.rand(4, 1, 2) + 0.5
     moved = head.quantiles(head.affine(params, loc, scale), LEVELS)
-    assert torch.allclose(moved, loc.unsqueeze(-1) + scale.unsqueeze(-1) * head.quantiles(params, LEVELS), atol=1e-5)
-    assert torch.allclose(head.point(head.affine(params, loc, scale)), loc + scale * head.point(params), atol=1e-5)
+    assert torch.allclose(
+        moved, loc.unsqueeze(-1) + scale.unsqueeze(-1) * head.quantiles(params, LEVELS), atol=1e-5
+    )
+    assert torch.allclose(
+        head.point(head.affine(params, loc, scale)), loc + scale * head.point(params), atol=1e-5
+    )
 
 
 def test_crps_estimators_agree_with_the_closed_form():

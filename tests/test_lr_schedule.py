@@ -36,12 +36,24 @@ def fit(epochs: int, **schedule) -> list[list[float]]:
     torch.manual_seed(0)
     task = EncoderForecaster(
         net={"d_model": 8, "n_heads": 2, "n_layers": 1},
-        d_target=DY, d_known=0, d_observed=0, context_len=N, horizon=M, lr=LR, **schedule,
+        d_target=DY,
+        d_known=0,
+        d_observed=0,
+        context_len=N,
+        horizon=M,
+        lr=LR,
+        **schedule,
     )
     record = RecordLR()
     trainer = L.Trainer(
-        max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[record], num_sanity_val_steps=0,
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+        num_sanity_val_steps=0,
     )
     trainer.fit(task, train_dataloaders=torch.utils.data.DataLoader(batches(), batch_size=None))
     return record.by_epoch
@@ -82,5 +94,10 @@ def test_bad_schedule_settings_are_named(setting, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         EncoderForecaster(
             net={"d_model": 8, "n_heads": 2, "n_layers": 1},
-            d_target=DY, d_known=0, d_observed=0, context_len=N, horizon=M, **setting,
+            d_target=DY,
+            d_known=0,
+            d_observed=0,
+            context_len=N,
+            horizon=M,
+            **setting,
         )

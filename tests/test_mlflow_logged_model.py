@@ -69,4 +69,3 @@ def test_the_experiment_opens_as_model_training(logged):
     result, client, _ = logged
     experiment = client.get_experiment(client.get_run(result.run_id).info.experiment_id)
     assert experiment.tags.get(EXPERIMENT_KIND_TAG) == EXPERIMENT_KIND == "custom_model_development"
-

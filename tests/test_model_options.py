@@ -144,7 +144,9 @@ def test_forecasts_never_read_the_future_truth(cls, opts):
         assert (task.forecast(informed) - pred).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("cls,opts", combos(families=[EncoderDecoderForecaster, DecoderOnlyForecaster], revin=("on", "affine")))
+@pytest.mark.parametrize(
+    "cls,opts", combos(families=[EncoderDecoderForecaster, DecoderOnlyForecaster], revin=("on", "affine"))
+)
 def test_teacher_forcing_normalises_the_future_with_the_history_statistics(cls, opts):
     """Teacher forcing feeds the decoder the true future normalised with the HISTORY's statistics, the
     units in which generation feeds its own predictions back: forced with its own forecast as the
@@ -198,7 +200,9 @@ def test_channel_independence_is_equivariant_to_channel_order(cls, opts):
     order = [2, 0, 1]
     permuted = dict(b, hist_target=b["hist_target"][..., order], fut_target=b["fut_target"][..., order])
     with torch.no_grad():
-        torch.testing.assert_close(task.forecast(permuted), task.forecast(b)[..., order], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            task.forecast(permuted), task.forecast(b)[..., order], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_channel_independence_builds_a_one_channel_network():
@@ -210,7 +214,9 @@ def test_channel_independence_builds_a_one_channel_network():
 # -- patch tokens ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n,p,s", [(12, 4, 2), (12, 4, 4), (13, 4, 3), (10, 16, 8), (512, 16, 8), (336, 16, 8)])
+@pytest.mark.parametrize(
+    "n,p,s", [(12, 4, 2), (12, 4, 4), (13, 4, 3), (10, 16, 8), (512, 16, 8), (336, 16, 8)]
+)
 def test_patch_count_and_the_steps_each_patch_covers(n, p, s):
     C = 3
     steps = torch.arange(n).float()
@@ -238,8 +244,11 @@ def test_patchtst_64_words_and_too_short_windows():
 
 def test_models_read_patch_tokens():
     torch.manual_seed(0)
-    enc = EncoderOnly(EncoderOnlyConfig(**NET, d_in=2, d_out=1, head="forecast", context_len=20, horizon=5,
-                                        patch_len=4, patch_stride=2)).eval()
+    enc = EncoderOnly(
+        EncoderOnlyConfig(
+            **NET, d_in=2, d_out=1, head="forecast", context_len=20, horizon=5, patch_len=4, patch_stride=2
+        )
+    ).eval()
     L = n_patches(20, 4, 2)
     x = torch.randn(3, 20, 2)
     assert enc.encode(x).shape == (3, L, 16)
@@ -259,8 +268,11 @@ def test_models_read_patch_tokens():
     with pytest.raises(ValueError, match=f"needs {2 * (L - 1) + 1} positions"):
         EncoderOnly(EncoderOnlyConfig(**cfg, positional="learned", max_len=2 * (L - 1)))(x)
 
-    ed = EncoderDecoder(EncoderDecoderConfig(**NET, d_enc_in=3, d_target=1, d_known=2, patch_len=4, patch_stride=2,
-                                             positional="rope")).eval()
+    ed = EncoderDecoder(
+        EncoderDecoderConfig(
+            **NET, d_enc_in=3, d_target=1, d_known=2, patch_len=4, patch_stride=2, positional="rope"
+        )
+    ).eval()
     hist, last, fut_k = torch.randn(3, 20, 3), torch.randn(3, 1), torch.randn(3, 6, 2)
     assert ed.encode(hist).shape == (3, L, 16)
     assert ed.memory_positions(20).tolist() == [2 * i for i in range(L)]  # on the shared time axis
@@ -276,7 +288,9 @@ def test_models_read_patch_tokens():
 def test_options_a_family_does_not_support_are_refused():
     for option in ({"revin": True}, {"channel_independent": True}, {"patch_len": 4}):
         with pytest.raises(ValueError, match="not an option of the enc_only family"):
-            ReconstructionTask(net=NET, d_target=2, d_known=2, d_observed=0, context_len=N, horizon=0, **option)
+            ReconstructionTask(
+                net=NET, d_target=2, d_known=2, d_observed=0, context_len=N, horizon=0, **option
+            )
     with pytest.raises(ValueError, match="needs model.patch_len"):
         make_task(EncoderForecaster, {"patch_stride": 2})
     with pytest.raises(ValueError, match="needs model.revin=true"):
@@ -287,11 +301,17 @@ def test_decoder_only_patches_are_side_by_side_and_whole():
     """The decoder-only family generates a patch per token: no overlap, and the history (N = 12)
     and the horizon (M = 6) cut into whole patches; anything else is refused with the setting named."""
     make_task(DecoderOnlyForecaster, {"patch_len": 3, "patch_stride": 3})
-    with pytest.raises(ValueError, match=r"model.patch_stride=2: .* must be null or equal model.patch_len \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"model.patch_stride=2: .* must be null or equal model.patch_len \(4\)"
+    ):
         make_task(DecoderOnlyForecaster, {"patch_len": 4, "patch_stride": 2})
-    with pytest.raises(ValueError, match=r"model.horizon=6 is not a whole number of patches of model.patch_len=4"):
+    with pytest.raises(
+        ValueError, match=r"model.horizon=6 is not a whole number of patches of model.patch_len=4"
+    ):
         make_task(DecoderOnlyForecaster, {"patch_len": 4})
-    with pytest.raises(ValueError, match=r"model.context_len=12 is not a whole number of patches of model.patch_len=5"):
+    with pytest.raises(
+        ValueError, match=r"model.context_len=12 is not a whole number of patches of model.patch_len=5"
+    ):
         make_task(DecoderOnlyForecaster, {"patch_len": 5}, horizon=10)
 
 
@@ -355,9 +375,13 @@ ALL_OPTIONS = {"revin": True, "revin_affine": True, "channel_independent": True}
 def test_options_round_trip_through_the_model_folder(cls, opts, tmp_path):
     df = simulate_plant(n_series=2, n_steps=200, freq="1min", seed=0)
     dm = TimeSeriesDataModule(
-        df, target_cols=["dynamic_temperature", "dynamic_pressure"],
-        known_cols=["ambient_pressure", "ambient_temperature", "supply_voltage"], series_col="series_id",
-        context_len=N, horizon=M, eval_batch_size=16,
+        df,
+        target_cols=["dynamic_temperature", "dynamic_pressure"],
+        known_cols=["ambient_pressure", "ambient_temperature", "supply_voltage"],
+        series_col="series_id",
+        context_len=N,
+        horizon=M,
+        eval_batch_size=16,
     )
     dm.setup()
     task = make_task(cls, opts, d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed)

@@ -29,7 +29,9 @@ def dec_only(positional="sinusoidal", norm="pre", **kw):
 
 def enc_dec(positional="sinusoidal", norm="pre", **kw):
     torch.manual_seed(0)
-    cfg = EncoderDecoderConfig(d_enc_in=5, d_target=2, d_known=3, positional=positional, norm=norm, max_len=64, **TINY, **kw)
+    cfg = EncoderDecoderConfig(
+        d_enc_in=5, d_target=2, d_known=3, positional=positional, norm=norm, max_len=64, **TINY, **kw
+    )
     return EncoderDecoder(cfg).eval()
 
 
@@ -76,7 +78,9 @@ def test_padding_leaves_real_steps_unchanged(positional):
     with torch.no_grad():
         assert (enc(x) - enc(padded, valid)[:, :n]).abs().max() <= 1e-5
         assert (enc(x) - enc(padded)[:, :n]).abs().max() > 1e-3  # without the mask it does change
-    pooled = EncoderOnly(EncoderOnlyConfig(d_in=3, head="classification", pooling="mean", positional=positional, **TINY)).eval()
+    pooled = EncoderOnly(
+        EncoderOnlyConfig(d_in=3, head="classification", pooling="mean", positional=positional, **TINY)
+    ).eval()
     with torch.no_grad():
         assert (pooled(x) - pooled(padded, valid)).abs().max() <= 1e-5
 
@@ -95,8 +99,12 @@ def test_encoder_decoder_left_padded_history(positional):
     valid = torch.cat([torch.zeros(2, pad, dtype=torch.bool), torch.ones(2, n, dtype=torch.bool)], dim=1)
     last, fut_y, fut_k = torch.randn(2, 2), torch.randn(2, 4, 2), torch.randn(2, 4, 3)
     with torch.no_grad():
-        assert (model.generate(hist, last, fut_k) - model.generate(hist_padded, last, fut_k, hist_valid=valid)).abs().max() <= 1e-5
-        assert (model(hist, last, fut_y, fut_k) - model(hist_padded, last, fut_y, fut_k, valid)).abs().max() <= 1e-5
+        assert (
+            model.generate(hist, last, fut_k) - model.generate(hist_padded, last, fut_k, hist_valid=valid)
+        ).abs().max() <= 1e-5
+        assert (
+            model(hist, last, fut_y, fut_k) - model(hist_padded, last, fut_y, fut_k, valid)
+        ).abs().max() <= 1e-5
         assert (model(hist, last, fut_y, fut_k) - model(hist_padded, last, fut_y, fut_k)).abs().max() > 1e-3
 
 
@@ -115,7 +123,9 @@ def test_decoder_only_cached_equals_uncached(positional, norm, fused, patch_len)
     uncached = model.generate(hist_y, hist_k, fut_k, use_cache=False)
     assert cached.shape == (3, 16, 2)
     assert (cached - uncached).abs().max() <= 1e-5
-    prev, known, labels = model.teacher_forcing(torch.cat([hist_y, cached], dim=1), torch.cat([hist_k, fut_k], dim=1))
+    prev, known, labels = model.teacher_forcing(
+        torch.cat([hist_y, cached], dim=1), torch.cat([hist_k, fut_k], dim=1)
+    )
     P = patch_len or 1
     assert prev.shape == (3, 36 - P, 2) and torch.equal(labels[:, -16:], cached)  # labels start one patch in
     with torch.no_grad():
@@ -228,7 +238,9 @@ def test_encoder_only_classifies_sequences():
     x = torch.randn(n, 16, 2)
     x[labels == 1, 8:, 0] += 1.5  # class 1: a level shift in the second half
     for pooling in ("cls", "mean"):
-        model = EncoderOnly(EncoderOnlyConfig(d_in=2, head="classification", pooling=pooling, n_classes=2, **TINY))
+        model = EncoderOnly(
+            EncoderOnlyConfig(d_in=2, head="classification", pooling=pooling, n_classes=2, **TINY)
+        )
         # train calls the loss within this iteration, while `model` is this one
         train(model, lambda i: F.cross_entropy(model(x[i]), labels[i]), n, steps=150)  # noqa: B023
         with torch.no_grad():
@@ -348,7 +360,9 @@ def test_residual_attention_carries_each_blocks_scores_to_the_next(norm):
     plain.load_state_dict(stack.state_dict())
     calls = []
     hooks = [
-        block.self_attn.register_forward_hook(lambda m, args, kw, out: calls.append((kw["prev_scores"], out[1])), with_kwargs=True)
+        block.self_attn.register_forward_hook(
+            lambda m, args, kw, out: calls.append((kw["prev_scores"], out[1])), with_kwargs=True
+        )
         for block in stack.blocks
     ]
     x = torch.randn(2, 7, 32)
@@ -387,7 +401,9 @@ def test_learned_positions_with_patches_are_checked_from_the_shapes():
     x = torch.randn(2, 32, 3)
     common = dict(positional="learned", patch_len=8, patch_stride=8, **TINY)
     for max_len, ok in ((33, True), (32, False)):
-        encoder_only = EncoderOnly(EncoderOnlyConfig(d_in=3, head="forecast", context_len=32, horizon=4, max_len=max_len, **common))
+        encoder_only = EncoderOnly(
+            EncoderOnlyConfig(d_in=3, head="forecast", context_len=32, horizon=4, max_len=max_len, **common)
+        )
         encoder_decoder = EncoderDecoder(EncoderDecoderConfig(d_enc_in=3, max_len=max_len, **common))
         for run in (lambda: encoder_only(x), lambda: encoder_decoder.encode(x)):  # noqa: B023 (called now)
             if ok:

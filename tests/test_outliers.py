@@ -30,7 +30,13 @@ def test_one_absurd_value_is_named_by_column_row_and_value(tmp_path, caplog):
     df.loc[5, "y"] = 1e12  # a train row of series 'a'
     dm = make_dm(str(write_csv(df, tmp_path)))
     (message,) = warnings_of_setup(dm, caplog)
-    for word in ["plant_log.csv", "column 'y'", "1 value(s)", "1e+12 at row 5 (line 7)", "data.outliers=error"]:
+    for word in [
+        "plant_log.csv",
+        "column 'y'",
+        "1 value(s)",
+        "1e+12 at row 5 (line 7)",
+        "data.outliers=error",
+    ]:
         assert word in message, (word, message)
     assert dm.n_windows("test") > 0  # a warning only: the data are still used
 
@@ -74,7 +80,13 @@ def test_error_stops_before_any_mlflow_run_with_one_line(in_tmp):
     with pytest.raises(DataValidationError) as err:
         run(config_for(path, in_tmp / "out", extra=["data.outliers=error"]))
     message = str(err.value)
-    for word in ["bad_plant.csv", "column 'y'", "2 value(s)", "1e+12 at row 5 (line 7)", "-3e+11 at row 6 (line 8)"]:
+    for word in [
+        "bad_plant.csv",
+        "column 'y'",
+        "2 value(s)",
+        "1e+12 at row 5 (line 7)",
+        "-3e+11 at row 6 (line 8)",
+    ]:
         assert word in message, (word, message)
     assert "\n" not in message and "data.outliers=warn" in message
     assert statuses(in_tmp) == []
@@ -90,8 +102,12 @@ DATA_SETS = {
     "gas_turbine": ["data=gas_turbine"],
     "wind_scada": ["data=wind_scada"],
 }
-REAL = {"ETTh1": "ETT-small/ETTh1.csv", "ETTm1": "ETT-small/ETTm1.csv", "gas_turbine": "gas_turbine",
-        "wind_scada": "wind_turbine_scada/T1.csv"}
+REAL = {
+    "ETTh1": "ETT-small/ETTh1.csv",
+    "ETTm1": "ETT-small/ETTm1.csv",
+    "gas_turbine": "gas_turbine",
+    "wind_scada": "wind_turbine_scada/T1.csv",
+}
 
 
 @pytest.mark.parametrize("name", marked(DATA_SETS, REAL, pytest.mark.needs_data))

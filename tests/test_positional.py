@@ -62,7 +62,9 @@ def test_sinusoidal_runs_at_four_times_the_training_length():
     out = enc(torch.randn(2, 4 * train_len, 3))
     assert out.shape == (2, 96, 1) and torch.isfinite(out).all()
     dec = DecoderOnly(DecoderOnlyConfig(d_target=1, d_known=2, positional="sinusoidal", **TINY)).eval()
-    y = dec.generate(torch.randn(2, train_len, 1), torch.randn(2, train_len, 2), torch.randn(2, 3 * train_len, 2))
+    y = dec.generate(
+        torch.randn(2, train_len, 1), torch.randn(2, train_len, 2), torch.randn(2, 3 * train_len, 2)
+    )
     assert y.shape == (2, 72, 1) and torch.isfinite(y).all()
 
 

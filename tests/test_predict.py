@@ -103,17 +103,41 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
     future_table(70, origin).to_csv(tmp_path / "new.csv", index=False)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cli = subprocess.run(
-        [sys.executable, str(REPO / "predict.py"), result.run_id, str(tmp_path / "new.csv"),
-         "--output", str(tmp_path / "cli.csv")],
-        check=False, cwd=folder, capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            str(REPO / "predict.py"),
+            result.run_id,
+            str(tmp_path / "new.csv"),
+            "--output",
+            str(tmp_path / "cli.csv"),
+        ],
+        check=False,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert "forecasts CSV:" in cli.stdout
     uri = f"sqlite:///{folder}/mlflow.db"
     for name, model_uri in [("runs", f"runs:/{result.run_id}/model"), ("registry", "models:/tiny-enc_dec/1")]:
         proc = subprocess.run(
-            [sys.executable, "-c", PYFUNC_SCRIPT, uri, model_uri, str(tmp_path / "new.csv"), str(tmp_path / f"{name}.csv")],
-            check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+            [
+                sys.executable,
+                "-c",
+                PYFUNC_SCRIPT,
+                uri,
+                model_uri,
+                str(tmp_path / "new.csv"),
+                str(tmp_path / f"{name}.csv"),
+            ],
+            check=False,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -136,9 +160,18 @@ def test_predict_py_takes_a_run_folder_and_reports_bad_input(trained, tmp_path):
     table.loc[table.index[-5], "supply_voltage"] = np.nan  # a missing future covariate
     table.to_csv(tmp_path / "bad.csv", index=False)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "predict.py"), str(folder / "out"), str(tmp_path / "bad.csv"), "-o",
-         str(tmp_path / "out.csv")],
-        check=False, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(REPO / "predict.py"),
+            str(folder / "out"),
+            str(tmp_path / "bad.csv"),
+            "-o",
+            str(tmp_path / "out.csv"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 2
@@ -163,7 +196,10 @@ def bad_inputs(origin: pd.Timestamp, horizon: int) -> dict:
     cases["too little history"] = (t, ["too little history", "series 0", "5 row(s)", str(origin)])
     t = base.copy()
     t.loc[(t.series_id == 0) & (t.time == origin - pd.Timedelta("3min")), "dynamic_pressure"] = np.nan
-    cases["empty history target"] = (t, ["'dynamic_pressure'", "series 0", str(origin - pd.Timedelta("3min"))])
+    cases["empty history target"] = (
+        t,
+        ["'dynamic_pressure'", "series 0", str(origin - pd.Timedelta("3min"))],
+    )
     t = base[base.time != origin - pd.Timedelta("10min")]
     cases["gap in history"] = (t, ["series 0", str(origin - pd.Timedelta("11min")), "fill the gap"])
     return cases

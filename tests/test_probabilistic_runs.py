@@ -33,8 +33,14 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
 @pytest.mark.slow
 def test_train_py_dec_only_student_t(in_tmp):
     overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY]
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
-                          cwd=in_tmp, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "coverage_80" in proc.stdout  # the summary prints the probabilistic metrics
 
@@ -64,7 +70,9 @@ def test_train_py_dec_only_student_t(in_tmp):
     keys = ["series_id", "origin_time", "step", "variable"]
     assert len(paths) == len(csv) * 20 and not paths.isna().any().any()
     assert (paths.groupby(keys)["path"].nunique() == 20).all()
-    from_paths = paths.groupby(keys)["value"].quantile([0.1, 0.5, 0.9]).unstack()  # linear, as the paths' quantiles
+    from_paths = (
+        paths.groupby(keys)["value"].quantile([0.1, 0.5, 0.9]).unstack()
+    )  # linear, as the paths' quantiles
     merged = csv.merge(from_paths.reset_index(), on=keys)
     assert len(merged) == len(csv)
     for level in (0.1, 0.5, 0.9):
@@ -80,21 +88,34 @@ def test_train_py_dec_only_student_t(in_tmp):
 
 RUNS = {
     "enc_dec-quantile": ["model=enc_dec", "head=quantile", "model.head.levels=[0.05,0.5,0.95]"],
-    "enc_only_forecast-gaussian-revin-ci": ["model=enc_only_forecast", "head=gaussian", "model.revin=true",
-                                            "model.channel_independent=true"],
+    "enc_only_forecast-gaussian-revin-ci": [
+        "model=enc_only_forecast",
+        "head=gaussian",
+        "model.revin=true",
+        "model.channel_independent=true",
+    ],
     "enc_only-gaussian": ["model=enc_only", "head=gaussian"],
     # patch tokens: paths sampled a patch of 10 steps at a time (60 and 30 steps: whole patches)
-    "dec_only-gaussian-patches-revin-ci": ["model=dec_only", "head=gaussian", "model.patch_len=10", "model.revin=true",
-                                           "model.channel_independent=true"],
+    "dec_only-gaussian-patches-revin-ci": [
+        "model=dec_only",
+        "head=gaussian",
+        "model.patch_len=10",
+        "model.revin=true",
+        "model.channel_independent=true",
+    ],
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", RUNS.values(), ids=RUNS.keys())
 def test_probabilistic_runs_of_the_other_families(overrides, in_tmp):
-    result = run(compose_config([*overrides, "model.head.num_samples=10", *TINY, "logger=none"], in_tmp / "out"))
+    result = run(
+        compose_config([*overrides, "model.head.num_samples=10", *TINY, "logger=none"], in_tmp / "out")
+    )
     for name in PROB_METRICS:
-        assert np.isfinite(result.metrics[f"test/{name}"]) and np.isfinite(result.metrics[f"test/baseline_{name}"])
+        assert np.isfinite(result.metrics[f"test/{name}"]) and np.isfinite(
+            result.metrics[f"test/baseline_{name}"]
+        )
     levels = ("q0.05", "q0.5", "q0.95") if "quantile" in overrides[1] else ("q0.1", "q0.5", "q0.9")
     check_quantile_columns(result.forecasts, levels)
     check_quantile_columns(pd.read_csv(result.csv_path), levels)
@@ -107,7 +128,9 @@ def test_error_quantile_baseline_is_persistence_plus_its_validation_errors():
     baseline = ErrorQuantiles(Persistence())
     baseline.fit_errors(dm)
     val = dm.datasets["val"]
-    errors = np.stack([val[i]["fut_target"] - val[i]["hist_target"][-1:] for i in range(len(val))])  # (W, M, Dy)
+    errors = np.stack(
+        [val[i]["fut_target"] - val[i]["hist_target"][-1:] for i in range(len(val))]
+    )  # (W, M, Dy)
     assert baseline.errors.shape == errors.shape
     levels = [0.1, 0.5, 0.9]
     expected = np.moveaxis(np.quantile(errors, levels, axis=0), 0, -1)  # (M, Dy, K)
@@ -116,11 +139,17 @@ def test_error_quantile_baseline_is_persistence_plus_its_validation_errors():
     q = baseline.forecast(batch).quantiles(levels)  # (B, M, Dy, K)
     last = batch["hist_target"][:, -1:, :, None]  # (B, 1, Dy, 1)
     assert torch.allclose(q, last + torch.as_tensor(expected, dtype=q.dtype), atol=1e-5)
-    assert (q[:, -1, :, 2] - q[:, -1, :, 0] > q[:, 0, :, 2] - q[:, 0, :, 0]).all()  # the spread grows with the step
+    assert (
+        q[:, -1, :, 2] - q[:, -1, :, 0] > q[:, 0, :, 2] - q[:, 0, :, 0]
+    ).all()  # the spread grows with the step
 
 
 def test_paths_file_needs_a_family_that_samples_paths(in_tmp):
-    cfg = compose_config(["model=enc_only_forecast", "head=gaussian", "paths_file=paths.parquet", *TINY], in_tmp / "out")
-    with pytest.raises(ValueError, match=r"paths_file=paths.parquet: only dec_only and enc_dec .* enc_only_forecast"):
+    cfg = compose_config(
+        ["model=enc_only_forecast", "head=gaussian", "paths_file=paths.parquet", *TINY], in_tmp / "out"
+    )
+    with pytest.raises(
+        ValueError, match=r"paths_file=paths.parquet: only dec_only and enc_dec .* enc_only_forecast"
+    ):
         run(cfg)
     assert not (in_tmp / "mlflow.db").exists()  # refused before a run was opened

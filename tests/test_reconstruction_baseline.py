@@ -36,18 +36,35 @@ def series_with_offsets() -> pd.DataFrame:
 def fit_and_test(static_categorical_cols=()) -> tuple[TimeSeriesDataModule, dict]:
     """One tiny fit (a batch) and the test of a ReconstructionTask; returns the DataModule and metrics."""
     dm = TimeSeriesDataModule(
-        series_with_offsets(), target_cols=["state"], known_cols=["x1", "x2"], series_col="series_id",
-        context_len=WINDOW, horizon=0, val_start=VAL_START, test_start=TEST_START,
+        series_with_offsets(),
+        target_cols=["state"],
+        known_cols=["x1", "x2"],
+        series_col="series_id",
+        context_len=WINDOW,
+        horizon=0,
+        val_start=VAL_START,
+        test_start=TEST_START,
         static_categorical_cols=static_categorical_cols,
     )
     dm.setup()
     task = ReconstructionTask(
-        net=NET, d_target=1, d_known=2, d_observed=0, context_len=WINDOW, horizon=0, warmup_steps=1,
+        net=NET,
+        d_target=1,
+        d_known=2,
+        d_observed=0,
+        context_len=WINDOW,
+        horizon=0,
+        warmup_steps=1,
         static_vocab_sizes=dm.static_vocab_sizes,
     )
     trainer = L.Trainer(
-        max_epochs=1, limit_train_batches=1, limit_val_batches=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(task, datamodule=dm)
     (metrics,) = trainer.test(task, datamodule=dm, verbose=False)
@@ -78,12 +95,17 @@ def test_the_reported_baseline_is_a_linear_regression_per_series(without_series_
 
     def mae(model_of_series) -> float:
         pred = np.concatenate(
-            [model_of_series(s).predict(part[["x1", "x2"]]) for s, part in tested.groupby("series_id", sort=False)]
+            [
+                model_of_series(s).predict(part[["x1", "x2"]])
+                for s, part in tested.groupby("series_id", sort=False)
+            ]
         )
         truth = np.concatenate([part.state.to_numpy() for _, part in tested.groupby("series_id", sort=False)])
         return float(np.mean(np.abs(pred - truth)))
 
-    per_series = {s: LinearRegression().fit(part[["x1", "x2"]], part.state) for s, part in train.groupby("series_id")}
+    per_series = {
+        s: LinearRegression().fit(part[["x1", "x2"]], part.state) for s, part in train.groupby("series_id")
+    }
     pooled = LinearRegression().fit(train[["x1", "x2"]], train.state)
     per_series_mae, pooled_mae = mae(per_series.__getitem__), mae(lambda s: pooled)
     assert per_series_mae < pooled_mae

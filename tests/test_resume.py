@@ -36,8 +36,16 @@ def train_py(cwd, overrides):
     def ctrl_c_as_at_a_terminal():  # a shell's background job (CI) starts with SIGINT ignored
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # then Python turns it into KeyboardInterrupt
 
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,
-                          preexec_fn=ctrl_c_as_at_a_terminal)
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        preexec_fn=ctrl_c_as_at_a_terminal,
+    )
 
 
 def stop_at_epoch_1(sig, folder) -> list[str]:

@@ -41,7 +41,11 @@ def test_shared_prefix_attention_equals_attention_over_copied_keys():
     valid = lengths_to_valid(torch.tensor([T0, 4, 0]), T0)  # (B, T0)
     mask = padding_mask(valid)  # (B, 1, 1, T0)
     expected, _ = scaled_dot_product_attention(
-        q, k_shared.repeat_interleave(S, 0), v_shared.repeat_interleave(S, 0), mask=mask.repeat_interleave(S, 0), fused=False
+        q,
+        k_shared.repeat_interleave(S, 0),
+        v_shared.repeat_interleave(S, 0),
+        mask=mask.repeat_interleave(S, 0),
+        fused=False,
     )
     out, _ = shared_prefix_attention(q, k_shared, v_shared, S, shared_mask=mask)
     assert torch.allclose(out, expected, atol=1e-5)
@@ -50,20 +54,32 @@ def test_shared_prefix_attention_equals_attention_over_copied_keys():
 
 def dec_only(head, positional="sinusoidal"):
     torch.manual_seed(0)
-    return DecoderOnly(DecoderOnlyConfig(d_target=2, d_known=3, positional=positional, n_params=head.n_params, **TINY)).eval()
+    return DecoderOnly(
+        DecoderOnlyConfig(d_target=2, d_known=3, positional=positional, n_params=head.n_params, **TINY)
+    ).eval()
 
 
 def enc_dec(head, positional="sinusoidal", start_token="last"):
     torch.manual_seed(0)
     cfg = EncoderDecoderConfig(
-        d_enc_in=5, d_target=2, d_known=3, positional=positional, start_token=start_token, n_params=head.n_params, **TINY
+        d_enc_in=5,
+        d_target=2,
+        d_known=3,
+        positional=positional,
+        start_token=start_token,
+        n_params=head.n_params,
+        **TINY,
     )
     return EncoderDecoder(cfg).eval()
 
 
 def inputs():
     g = torch.Generator().manual_seed(1)
-    return torch.randn(B, N, 2, generator=g), torch.randn(B, N, 3, generator=g), torch.randn(B, M, 3, generator=g)
+    return (
+        torch.randn(B, N, 2, generator=g),
+        torch.randn(B, N, 3, generator=g),
+        torch.randn(B, M, 3, generator=g),
+    )
 
 
 def generate(model, use_cache, **kw):
@@ -86,7 +102,9 @@ MODELS = {
 @pytest.mark.parametrize("head", [GaussianHead(), StudentTHead(), QuantileHead()], ids=lambda h: h.kind)
 def test_cached_sampling_equals_uncached_for_the_same_draws(make, head):
     model = make(head)
-    torch.manual_seed(123)  # the draws come from the global generator, one (B * S, 1, Dy) draw per step in both
+    torch.manual_seed(
+        123
+    )  # the draws come from the global generator, one (B * S, 1, Dy) draw per step in both
     cached = generate(model, True, draw=head.sample_of_raw, num_samples=S)
     torch.manual_seed(123)
     uncached = generate(model, False, draw=head.sample_of_raw, num_samples=S)
@@ -113,7 +131,9 @@ def test_sampled_paths_spread_like_the_step_distribution():
     model = dec_only(head)
     hist_y, hist_k, fut_k = inputs()
     torch.manual_seed(0)
-    paths = model.generate(hist_y, hist_k, fut_k, draw=head.sample_of_raw, num_samples=4000).view(B, 4000, M, 2)
+    paths = model.generate(hist_y, hist_k, fut_k, draw=head.sample_of_raw, num_samples=4000).view(
+        B, 4000, M, 2
+    )
     with torch.no_grad():
         params = head.params(model(hist_y, torch.cat([hist_k, fut_k], 1)[:, 1 : N + 1])[:, -1])  # (B, 2, 2)
     assert torch.allclose(paths[:, :, 0].mean(1), params[..., 0], atol=0.1)
@@ -122,9 +142,12 @@ def test_sampled_paths_spread_like_the_step_distribution():
 
 NET = {"d_model": 16, "n_heads": 2, "n_layers": 1}
 DY, DK, DO = 2, 3, 1
-OPTIONS = {"plain": {}, "revin": {"revin": True, "revin_affine": True}, "ci": {"channel_independent": True},
-           "revin-ci": {"revin": True, "channel_independent": True}}
-
+OPTIONS = {
+    "plain": {},
+    "revin": {"revin": True, "revin_affine": True},
+    "ci": {"channel_independent": True},
+    "revin-ci": {"revin": True, "channel_independent": True},
+}
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
@@ -133,14 +156,19 @@ OPTIONS = {"plain": {}, "revin": {"revin": True, "revin_affine": True}, "ci": {"
 def test_forecast_distribution_reads_no_future_truth(task_cls, options, kind):
     torch.manual_seed(0)
     head = {"kind": kind, "num_samples": 8}
-    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, head=head, **options).eval()
+    task = task_cls(
+        net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, head=head, **options
+    ).eval()
     if options.get("revin_affine"):
         with torch.no_grad():
             task.options.revin.weight.uniform_(0.5, 2.0)
             task.options.revin.bias.uniform_(-1.0, 1.0)
     b = random_windows(N, M, DY, DK, DO)
-    blind = dict(b, fut_target=torch.full_like(b["fut_target"], float("nan")),
-                 fut_observed=torch.full_like(b["fut_observed"], float("nan")))
+    blind = dict(
+        b,
+        fut_target=torch.full_like(b["fut_target"], float("nan")),
+        fut_observed=torch.full_like(b["fut_observed"], float("nan")),
+    )
     with torch.no_grad():
         torch.manual_seed(5)
         dist = task.forecast_distribution(b)
@@ -166,8 +194,17 @@ def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
     """A history scaled by 3 and shifted by 10 gives a forecast distribution scaled and shifted alike
     (the network sees the same normalised window; sampled paths draw the same numbers)."""
     torch.manual_seed(0)
-    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=0, context_len=N, horizon=M,
-                    head={"kind": "gaussian", "num_samples": 8}, revin=True, channel_independent=ci).eval()
+    task = task_cls(
+        net=NET,
+        d_target=DY,
+        d_known=DK,
+        d_observed=0,
+        context_len=N,
+        horizon=M,
+        head={"kind": "gaussian", "num_samples": 8},
+        revin=True,
+        channel_independent=ci,
+    ).eval()
     b = random_windows(N, M, DY, DK, DO)
     b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
     moved = dict(b, hist_target=b["hist_target"] * 3.0 + 10.0)
@@ -181,8 +218,9 @@ def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
 
 def test_reconstruction_gives_marginal_quantiles_per_step():
     torch.manual_seed(0)
-    task = ReconstructionTask(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=0,
-                              head={"kind": "quantile"}).eval()
+    task = ReconstructionTask(
+        net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=0, head={"kind": "quantile"}
+    ).eval()
     with torch.no_grad():
         q = task.forecast_distribution(random_windows(N, M, DY, DK, DO)).quantiles([0.1, 0.5, 0.9])
     assert q.shape == (4, N, DY, 3) and (q.diff(dim=-1) >= 0).all()
@@ -195,8 +233,16 @@ def test_channel_independent_distributions_stay_with_their_channel(task_cls):
     right (window, step, channel) places. (Gaussian: its draws take one number each from the
     generator, whatever the parameters; Student-t draws go through rejection sampling.)"""
     torch.manual_seed(0)
-    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=0, context_len=N, horizon=M,
-                    head={"kind": "gaussian", "num_samples": 8}, channel_independent=True).eval()
+    task = task_cls(
+        net=NET,
+        d_target=DY,
+        d_known=DK,
+        d_observed=0,
+        context_len=N,
+        horizon=M,
+        head={"kind": "gaussian", "num_samples": 8},
+        channel_independent=True,
+    ).eval()
     b = random_windows(N, M, DY, DK, DO)
     b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
     changed = dict(b, hist_target=b["hist_target"] + torch.tensor([0.0, 2.0]))
@@ -228,7 +274,9 @@ def test_sampled_paths_of_a_learned_ar1_spread_like_the_process():
 
     torch.manual_seed(0)
     head = GaussianHead()
-    model = DecoderOnly(DecoderOnlyConfig(d_target=1, d_known=0, d_model=16, n_heads=2, n_layers=1, n_params=2))
+    model = DecoderOnly(
+        DecoderOnlyConfig(d_target=1, d_known=0, d_model=16, n_heads=2, n_layers=1, n_params=2)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(400):
         y = series(64, 40)
@@ -237,7 +285,9 @@ def test_sampled_paths_of_a_learned_ar1_spread_like_the_process():
         loss.backward()
         opt.step()
     model.eval()
-    paths = model.generate(series(100, 30), horizon=10, draw=head.sample_of_raw, num_samples=400).view(100, 400, 10)
+    paths = model.generate(series(100, 30), horizon=10, draw=head.sample_of_raw, num_samples=400).view(
+        100, 400, 10
+    )
     for k in (1, 2, 5, 10):
         expected = sigma * math.sqrt((1 - phi ** (2 * k)) / (1 - phi**2))
         assert abs(paths[:, :, k - 1].std(dim=1).mean() / expected - 1) < 0.1, (k, expected)

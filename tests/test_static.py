@@ -27,8 +27,13 @@ def plant_with_statics(n_series=3, n_steps=300) -> pd.DataFrame:
 
 def make_dm(df, **kw):
     args = {
-        "target_cols": TARGETS, "known_cols": KNOWN, "series_col": "series_id", "context_len": 12,
-        "horizon": 4, "static_cols": ["rated_kw"], "static_categorical_cols": ["kind", "series_id"],
+        "target_cols": TARGETS,
+        "known_cols": KNOWN,
+        "series_col": "series_id",
+        "context_len": 12,
+        "horizon": 4,
+        "static_cols": ["rated_kw"],
+        "static_categorical_cols": ["kind", "series_id"],
         "eval_batch_size": 1000,
     }
     dm = TimeSeriesDataModule(df, **(args | kw))
@@ -74,8 +79,15 @@ def test_every_family_reads_the_static_covariates(family, in_tmp):
     from hydra.utils import instantiate
 
     task = instantiate(
-        cfg.model, _convert_="all", d_target=2, d_known=3, d_observed=0, context_len=12, horizon=horizon,
-        d_static_num=dm.d_static_num, static_vocab_sizes=dm.static_vocab_sizes,
+        cfg.model,
+        _convert_="all",
+        d_target=2,
+        d_known=3,
+        d_observed=0,
+        context_len=12,
+        horizon=horizon,
+        d_static_num=dm.d_static_num,
+        static_vocab_sizes=dm.static_vocab_sizes,
     ).eval()
     batch = next(iter(dm.test_dataloader()))
     with torch.no_grad():
@@ -95,8 +107,11 @@ def test_model_folder_carries_the_statics_to_prediction(in_tmp, tmp_path, caplog
     df = plant_with_statics(n_series=3, n_steps=800)
     df.to_csv(tmp_path / "plant.csv", index=False)
     overrides = [
-        "model=dec_only", *plant_csv_overrides(tmp_path / "plant.csv"), "data.static_cols=[rated_kw]",
-        "data.static_categorical_cols=[kind,series_id]", "logger=none",
+        "model=dec_only",
+        *plant_csv_overrides(tmp_path / "plant.csv"),
+        "data.static_cols=[rated_kw]",
+        "data.static_categorical_cols=[kind,series_id]",
+        "logger=none",
     ]
     result = run(compose_config(overrides, in_tmp / "out"))
     forecaster = Forecaster.load(result.model_folder)

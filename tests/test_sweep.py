@@ -118,7 +118,9 @@ def test_grid_sweep_over_the_families_with_an_impossible_setting(in_tmp):
     assert parent.data.tags["sweeper"] == "grid" and parent.info.status == "FAILED"
     failed = sorted(int(r.data.tags["sweep_trial"]) for r in by_heads["3"])
     assert f"failed trials: {', '.join(map(str, failed))}" in parent.data.tags["error"]
-    assert parent.data.metrics["sweep/trials_finished"] == 3 and parent.data.metrics["sweep/trials_failed"] == 3
+    assert (
+        parent.data.metrics["sweep/trials_finished"] == 3 and parent.data.metrics["sweep/trials_failed"] == 3
+    )
 
 
 @pytest.mark.parametrize("model", ["enc_only", "dec_only", "enc_dec", "enc_only_forecast", "patchtst"])
@@ -127,7 +129,9 @@ def test_optuna_search_space_names_real_settings_of_every_family(model):
     hparams_search=optuna is a setting of the family, and each d_model on offer suits its heads."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["hparams_search=optuna", f"model={model}"], return_hydra_config=True)
+        cfg = compose(
+            "train", overrides=["hparams_search=optuna", f"model={model}"], return_hydra_config=True
+        )
     assert "optuna" in cfg.hydra.sweeper._target_
     assert cfg.hydra.callbacks.mlflow_sweep._target_ == "tsformer.sweep.MLflowSweep"
     parser = OverridesParser.create()

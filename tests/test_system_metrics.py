@@ -20,7 +20,12 @@ def test_system_metrics_switch(enabled, in_tmp):
     # The monitor stops when fitting ends (the run leaves RUNNING): the fit must outlast the first
     # sample by a wide margin, or a fast machine records none (TINY's 3 steps at a 0.2 s interval did, once).
     longer = ["trainer.max_epochs=2", "trainer.limit_train_batches=20"]  # after TINY: the later value wins
-    overrides = [*TINY, *longer, f"system_metrics.enabled={str(enabled).lower()}", "system_metrics.sampling_interval=0.05"]
+    overrides = [
+        *TINY,
+        *longer,
+        f"system_metrics.enabled={str(enabled).lower()}",
+        "system_metrics.sampling_interval=0.05",
+    ]
     result = run(compose_config(overrides, in_tmp / "out"))
 
     client = MlflowClient(f"sqlite:///{in_tmp / 'mlflow.db'}")

@@ -16,7 +16,9 @@ def test_predictions_use_history_and_known_future_only(task_cls, revin):
     """With RevIN too: its statistics come from the history (every option combination:
     test_model_options.py)."""
     torch.manual_seed(0)
-    task = task_cls(net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, revin=revin).eval()
+    task = task_cls(
+        net=NET, d_target=DY, d_known=DK, d_observed=DO, context_len=N, horizon=M, revin=revin
+    ).eval()
     b = random_windows(N, M, DY, DK, DO)
     with torch.no_grad():
         pred = task.forecast(b)

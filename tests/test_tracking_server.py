@@ -45,7 +45,9 @@ def wait_until_healthy(uri: str, server: subprocess.Popen, log_path) -> None:
         except OSError:
             pass
         time.sleep(0.5)
-    pytest.fail(f"mlflow server did not answer {uri}/health within {SERVER_START_S} s:\n{log_path.read_text()[-3000:]}")
+    pytest.fail(
+        f"mlflow server did not answer {uri}/health within {SERVER_START_S} s:\n{log_path.read_text()[-3000:]}"
+    )
 
 
 @pytest.fixture
@@ -67,7 +69,9 @@ def tracking_server(tmp_path):
     env.pop("MLFLOW_TRACKING_URI", None)
     log_path = folder / "server.log"
     with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         wait_until_healthy(uri, server, log_path)
         yield uri, folder / "artifacts"
@@ -137,7 +141,9 @@ def test_unreachable_server_stops_a_sweep_before_its_first_trial(in_tmp):
     assert time.perf_counter() - start < 120  # a hang guard (includes the imports of a fresh process)
     assert proc.returncode == 1
     output = proc.stdout + proc.stderr
-    assert f"cannot use the MLflow tracking server at {uri}" in output and "logger.mlflow.tracking_uri" in output
+    assert (
+        f"cannot use the MLflow tracking server at {uri}" in output and "logger.mlflow.tracking_uri" in output
+    )
     assert "Launching" not in output  # no trial started
     assert not list((in_tmp / "sweep").glob("*/train.log"))
 

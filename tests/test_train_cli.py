@@ -78,10 +78,19 @@ def two_runs(tmp_path_factory):
     go = folder / "go"
     procs = {}
     for seed in SEEDS:
-        cmd = [sys.executable, "-c", STARTER, str(go), str(folder / f"ready{seed}"), str(REPO / "train.py"),
-               *TINY, f"seed={seed}"]
-        procs[seed] = subprocess.Popen(cmd, cwd=folder, env=clean_env(), stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+        cmd = [
+            sys.executable,
+            "-c",
+            STARTER,
+            str(go),
+            str(folder / f"ready{seed}"),
+            str(REPO / "train.py"),
+            *TINY,
+            f"seed={seed}",
+        ]
+        procs[seed] = subprocess.Popen(
+            cmd, cwd=folder, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     deadline = time.time() + 300
     while not all((folder / f"ready{s}").exists() for s in SEEDS):
         assert time.time() < deadline and all(p.poll() is None for p in procs.values()), "a run did not start"
@@ -129,7 +138,9 @@ def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
         future_table(origin, horizon).to_csv(tmp_path / "new.csv", index=False)
         result = tmp_path / f"{run.info.run_id}.csv"
         cmd = [sys.executable, REPO / "predict.py", run.info.run_id, tmp_path / "new.csv", "-o", result]
-        cli = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=300, check=False)
+        cli = subprocess.run(
+            cmd, cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=300, check=False
+        )
         assert cli.returncode == 0, cli.stderr[-3000:]
         assert f"run {run.info.run_id}" in cli.stdout  # the logged model says which run wrote it
         logged = pd.read_csv(result, parse_dates=["origin_time", "target_time"])
@@ -217,8 +228,14 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
     path = tmp_path / "bad_plant.csv"
     corrupt(good_table(400)).to_csv(path, index=False)
     overrides = [
-        "data=csv", f"data.source={path}", "data.series_col=site", "data.target_cols=[y]",
-        "data.known_cols=[u]", "data.observed_cols=[z]", "data.val_fraction=0.3", "data.test_fraction=0.3",
+        "data=csv",
+        f"data.source={path}",
+        "data.series_col=site",
+        "data.target_cols=[y]",
+        "data.known_cols=[u]",
+        "data.observed_cols=[z]",
+        "data.val_fraction=0.3",
+        "data.test_fraction=0.3",
     ]
     procs = {}
     for name, extra_env in (("plain", {}), ("full", {"HYDRA_FULL_ERROR": "1"})):

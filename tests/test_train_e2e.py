@@ -63,18 +63,35 @@ def test_train_py_end_to_end(family, in_tmp):
         assert name in run.data.metrics, name
         assert np.isfinite(run.data.metrics[name])
     assert "test/mae_orig/dynamic_temperature" in run.data.metrics
-    artifacts = {a.path for folder in ("", "plots", "forecasts", "scalers", "checkpoints", "config")
-                 for a in client.list_artifacts(run.info.run_id, folder)}
-    for path in ["plots/test_windows.png", "plots/error_by_step.png", "plots/attention.png",
-                 "forecasts/forecasts.csv", "scalers/target_scaler.joblib", "checkpoints/best.ckpt",
-                 "config/resolved.yaml"]:
+    artifacts = {
+        a.path
+        for folder in ("", "plots", "forecasts", "scalers", "checkpoints", "config")
+        for a in client.list_artifacts(run.info.run_id, folder)
+    }
+    for path in [
+        "plots/test_windows.png",
+        "plots/error_by_step.png",
+        "plots/attention.png",
+        "forecasts/forecasts.csv",
+        "scalers/target_scaler.joblib",
+        "checkpoints/best.ckpt",
+        "config/resolved.yaml",
+    ]:
         assert path in artifacts, (path, artifacts)
 
     # the summary names the run and the CSV
     assert run.info.run_id in proc.stdout and "forecasts CSV:" in proc.stdout
 
     csv = pd.read_csv(in_tmp / "out" / "forecasts.csv", parse_dates=["origin_time", "target_time"])
-    assert list(csv.columns) == ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
+    assert list(csv.columns) == [
+        "series_id",
+        "origin_time",
+        "target_time",
+        "step",
+        "variable",
+        "y_true",
+        "y_pred",
+    ]
     cfg = compose_config(overrides, in_tmp / "check")
     dm = instantiate(cfg.data)
     dm.setup()

@@ -47,7 +47,10 @@ WHERE = {
     "unparseable time": ["column 'time'", "row 47 (line 49)", "'yesterday noon'"],
 }
 CASES = {name: (BAD_INPUTS[name][0], WHERE[name]) for name in BAD_INPUTS}
-CASES["too few rows"] = (lambda df: df.groupby("site").head(150), ["no complete window", "context_len=30", "horizon=70"])
+CASES["too few rows"] = (
+    lambda df: df.groupby("site").head(150),
+    ["no complete window", "context_len=30", "horizon=70"],
+)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -81,7 +84,6 @@ def test_good_csv_trains_and_a_crash_after_start_marks_the_run_failed(in_tmp, mo
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(config_for(path, in_tmp / "crash"))
     assert sorted(statuses(in_tmp)) == ["FAILED", "FINISHED"]
-
 
 
 @pytest.mark.slow

@@ -28,10 +28,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # a few steps of a small model on a little data: each run takes seconds
 TINY = [
-    "model.net.d_model=16", "model.net.n_heads=2", "model.net.n_layers=1", "model.warmup_steps=2",
-    "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-    "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-    "data.source.n_series=2", "data.source.n_steps=800", "n_plot_windows=2",
+    "model.net.d_model=16",
+    "model.net.n_heads=2",
+    "model.net.n_layers=1",
+    "model.warmup_steps=2",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=3",
+    "trainer.limit_val_batches=2",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "data.source.n_series=2",
+    "data.source.n_steps=800",
+    "n_plot_windows=2",
 ]
 RUNS = {
     "forecast": ["model=enc_dec"],
@@ -88,7 +96,8 @@ def screenshots(uri: str, experiment_id: str, run_ids: dict[str, str], folder: P
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     server = subprocess.Popen(
         [str(mlflow_cli), "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -113,9 +122,20 @@ def screenshots(uri: str, experiment_id: str, run_ids: dict[str, str], folder: P
             path = folder / f"{name}.png"
             height = 2600 if name.startswith("run") else 1100  # a run page is long: all of it
             subprocess.run(
-                [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                 f"--window-size=1600,{height}", "--virtual-time-budget=20000", f"--screenshot={path}", url],
-                check=True, capture_output=True, timeout=120,
+                [
+                    chromium,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--hide-scrollbars",
+                    f"--window-size=1600,{height}",
+                    "--virtual-time-budget=20000",
+                    f"--screenshot={path}",
+                    url,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
             )
             print(f"{url} -> {path}")
     finally:

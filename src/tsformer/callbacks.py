@@ -119,7 +119,11 @@ class MLflowRun(Callback):
         last.ckpt there, even after SIGKILL), and the network's parameter count."""
         from tsformer import sweep  # sweep.py imports tracking, as this module does
 
-        tags = {"family": task.family, "dataset": trainer.datamodule.name, "git_commit": tracking.git_commit()}
+        tags = {
+            "family": task.family,
+            "dataset": trainer.datamodule.name,
+            "git_commit": tracking.git_commit(),
+        }
         tags.update(sweep.trial_tags())  # in a sweep: its folder, the trial, the sweep's parent run
         tags["output_dir"] = str(self.cfg.paths.output_dir)
         if trainer.checkpoint_callback:
@@ -134,10 +138,14 @@ class MLflowRun(Callback):
         tested = task.test_outputs
         n_plot = self.cfg.n_plot_windows
         shown = _plot_windows(len(tested["pred"]), n_plot)
-        windows = forecasts_frame(datamodule, "test", tested["pred"], tested["true"], tested["valid"], windows=shown)
+        windows = forecasts_frame(
+            datamodule, "test", tested["pred"], tested["true"], tested["valid"], windows=shown
+        )
         reconstruction = datamodule.horizon == 0  # the figures say "reconstruction", not "forecast"
         history = _history(datamodule)
-        figures = {"plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction)}
+        figures = {
+            "plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction)
+        }
         model_mae = mae_by_step(datamodule, tested["pred"], tested["true"], tested["valid"])
         baseline_mae = mae_by_step(datamodule, tested["baseline"], tested["true"], tested["valid"])
         figures["plots/error_by_step.png"] = error_by_step_figure(model_mae, baseline_mae, reconstruction)

@@ -46,7 +46,9 @@ def forecasts_frame(
     target_times = datamodule.target_times(split)  # (W, T_out)
     W, T, Dy = pred_scaled.shape
     if len(info) != W or target_times.shape != (W, T):
-        raise ValueError(f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}")
+        raise ValueError(
+            f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}"
+        )
     if windows is not None:
         info, target_times = info.iloc[windows].reset_index(drop=True), target_times[windows]
         pred_scaled, true_scaled = pred_scaled[windows], true_scaled[windows]
@@ -62,7 +64,9 @@ def forecasts_frame(
     keys = _key_columns(datamodule, info, target_times, w, t, v)
     frame = pd.DataFrame({**keys, "y_true": true.reshape(-1), "y_pred": pred.reshape(-1)}, columns=COLUMNS)
     if quantiles_scaled is not None:
-        q = datamodule.inverse_transform_target(np.moveaxis(quantiles_scaled, -1, -2))  # (W, T, K, Dy) original
+        q = datamodule.inverse_transform_target(
+            np.moveaxis(quantiles_scaled, -1, -2)
+        )  # (W, T, K, Dy) original
         frame = with_quantile_columns(frame, np.moveaxis(q, -2, -1), levels)
     return frame
 
@@ -128,11 +132,15 @@ def paths_frame(datamodule, split: str, paths_scaled: np.ndarray) -> pd.DataFram
     return pd.DataFrame({**keys, "path": s, "value": values.reshape(-1)})
 
 
-def mae_by_step(datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None) -> pd.DataFrame:
+def mae_by_step(
+    datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None
+) -> pd.DataFrame:
     """Mean absolute error in original units over all windows, per variable and step: columns
     `variable, step, mae` (steps numbered as in the CSV; filled steps not scored). From the arrays,
     so that it needs no CSV-sized frame (ETTm1 at H=720: 56 million rows)."""
-    err = np.abs(datamodule.inverse_transform_target(pred_scaled) - datamodule.inverse_transform_target(true_scaled))  # (W, T, Dy)
+    err = np.abs(
+        datamodule.inverse_transform_target(pred_scaled) - datamodule.inverse_transform_target(true_scaled)
+    )  # (W, T, Dy)
     if valid is not None:
         err = np.where(np.asarray(valid)[..., None], err, np.nan)
     mae = np.nanmean(err, axis=0)  # (T, Dy)

@@ -171,7 +171,9 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
         covariate_scaler=Affine.of(datamodule.covariate_scaler, n_cov) if n_cov else None,
         static_cols=list(schema.static_cols),
         static_categorical_cols=list(schema.static_categorical_cols),
-        static_scaler=Affine.of(datamodule.static_scaler, datamodule.d_static_num) if schema.static_cols else None,
+        static_scaler=Affine.of(datamodule.static_scaler, datamodule.d_static_num)
+        if schema.static_cols
+        else None,
         static_vocabularies=dict(datamodule.static_vocabularies),
         fill=datamodule.fill,
         max_fill_steps=datamodule.max_fill_steps,
@@ -523,8 +525,9 @@ class Forecaster:
 
     # -- prediction -------------------------------------------------------------------------------
 
-    def predict(self, table: pd.DataFrame, origin=None, source: str = "input table",
-                time_format: str | None = None) -> pd.DataFrame:
+    def predict(
+        self, table: pd.DataFrame, origin=None, source: str = "input table", time_format: str | None = None
+    ) -> pd.DataFrame:
         """Forecasts of every series in `table` (see the module docstring), original units.
 
         `time_format`: strftime format of the table's text times, by default the training data's."""
@@ -541,13 +544,18 @@ class Forecaster:
         batch, times = self._batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
-            parts = [self.task.forecast_with_quantiles(_slice(batch, i, i + 256), levels) for i in range(0, len(windows), 256)]
+            parts = [
+                self.task.forecast_with_quantiles(_slice(batch, i, i + 256), levels)
+                for i in range(0, len(windows), 256)
+            ]
         pred = c.target_scaler.inverse(torch.cat([p for p, _ in parts]).double().numpy())  # (W, T_out, Dy)
         frame = self._frame(clean, windows, times, pred)
         if parts[0][1] is None:  # a point head
             return frame
         q = torch.cat([q for _, q in parts]).double().numpy()  # (W, T_out, Dy, K) scaled
-        q = np.moveaxis(c.target_scaler.inverse(np.moveaxis(q, -1, -2)), -2, -1)  # original units (positive scale)
+        q = np.moveaxis(
+            c.target_scaler.inverse(np.moveaxis(q, -1, -2)), -2, -1
+        )  # original units (positive scale)
         return with_quantile_columns(frame, q[self._kept(windows, pred.shape[1])], levels)
 
     def _validate(self, table: pd.DataFrame, source: str, time_format: str | None) -> pd.DataFrame:
@@ -560,7 +568,9 @@ class Forecaster:
         # every value cell may be empty here; which ones must be filled depends on the window (below)
         clean = schema.validate(table, source, may_be_empty=set(schema.value_cols))
         if c.fill is not None:  # as in training; targets are filled only between observed values
-            clean, filled = fill_gaps(clean, c.time_col, c.series_col, self._step(), c.fill, c.max_fill_steps, source)
+            clean, filled = fill_gaps(
+                clean, c.time_col, c.series_col, self._step(), c.fill, c.max_fill_steps, source
+            )
             clean = clean.assign(_filled=filled)
         else:
             clean = clean.assign(_filled=False)
@@ -604,11 +614,20 @@ class Forecaster:
         if n_future > c.horizon:
             log.info(
                 "%s: series %r: %d row(s) after the first %d future steps are not used (the model's horizon)",
-                source, sid, n_future - c.horizon, c.horizon,
+                source,
+                sid,
+                n_future - c.horizon,
+                c.horizon,
             )
         self._check_regular(clean, sid, rows[start:stop], source)
-        self._require_values(clean, sid, rows[start : at + 1], [*c.target_cols, *c.known_cols, *c.observed_cols],
-                           source, "history")
+        self._require_values(
+            clean,
+            sid,
+            rows[start : at + 1],
+            [*c.target_cols, *c.known_cols, *c.observed_cols],
+            source,
+            "history",
+        )
         self._require_values(clean, sid, rows[at + 1 : stop], c.known_cols, source, "future")
         return sid, rows[start], rows[at], rows[stop - 1] + 1
 
@@ -694,7 +713,9 @@ class Forecaster:
             unseen = sorted(set(clean[col].astype(str)[static_cat[:, j] == 0]))
             if unseen:  # allowed (a new turbine), but the model knows nothing specific about it
                 log.warning(
-                    "static column '%s': %s not seen in training; they share the 'unseen' embedding", col, unseen
+                    "static column '%s': %s not seen in training; they share the 'unseen' embedding",
+                    col,
+                    unseen,
                 )
 
         def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:

@@ -23,7 +23,9 @@ class TsformerForecastModel(mlflow.pyfunc.PythonModel):
         self.forecaster = Forecaster.load(context.artifacts["model_folder"])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        origin = (params or {}).get("origin") or None  # "" (the signature's default): each series' last target
+        origin = (params or {}).get(
+            "origin"
+        ) or None  # "" (the signature's default): each series' last target
         return self.forecaster.predict(model_input, origin=origin, source="model input")
 
 

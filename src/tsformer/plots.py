@@ -52,9 +52,13 @@ def _window_grid(
     variables = list(dict.fromkeys(forecasts["variable"]))
     origins = forecasts[["series_id", "origin_time"]].drop_duplicates().reset_index(drop=True)
     picks = origins.iloc[np.linspace(0, len(origins) - 1, min(n_windows, len(origins))).round().astype(int)]
-    fig, axes = plt.subplots(len(picks), len(variables), figsize=(5 * len(variables), 2.6 * len(picks)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(picks), len(variables), figsize=(5 * len(variables), 2.6 * len(picks)), squeeze=False
+    )
     for row, (_, origin) in enumerate(picks.iterrows()):
-        window = forecasts[(forecasts.series_id == origin.series_id) & (forecasts.origin_time == origin.origin_time)]
+        window = forecasts[
+            (forecasts.series_id == origin.series_id) & (forecasts.origin_time == origin.origin_time)
+        ]
         span = window.target_time.max() - window.target_time.min()
         start = pd.Timestamp(origin.origin_time)
         for col, var in enumerate(variables):
@@ -184,7 +188,10 @@ def attention_maps_figure(maps: dict, title: str = "", token_times: dict | None 
         raise ValueError("no attention maps: the model has no attention layer that ran")
     n_heads = max(w.shape[0] for w in maps.values())
     fig, axes = plt.subplots(
-        len(maps), n_heads, figsize=(2.6 * n_heads + 1.2, 2.5 * len(maps) + 0.7), squeeze=False,
+        len(maps),
+        n_heads,
+        figsize=(2.6 * n_heads + 1.2, 2.5 * len(maps) + 0.7),
+        squeeze=False,
         layout="constrained",  # leaves room for the colour bars
     )
     for row, (name, weights) in enumerate(maps.items()):

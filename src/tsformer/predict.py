@@ -92,18 +92,31 @@ def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model", help="MLflow run id, runs:/ or models:/ URI, or a model/run folder")
     parser.add_argument("data", help="CSV or Parquet table: history plus future rows of known covariates")
     parser.add_argument("--output", "-o", required=True, help="where to write the forecasts CSV")
-    parser.add_argument("--origin", help="forecast from this time for every series (default: each "
-                        "series' last row with all targets observed); later targets are ignored")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
-    parser.add_argument("--time-format", help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
-                        "(default: the training data's data.time_format)")
+    parser.add_argument(
+        "--origin",
+        help="forecast from this time for every series (default: each "
+        "series' last row with all targets observed); later targets are ignored",
+    )
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
+    )
+    parser.add_argument(
+        "--time-format",
+        help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
+        "(default: the training data's data.time_format)",
+    )
     for option in CSV_OPTIONS:
-        parser.add_argument(f"--{option}", help=f"pandas.read_csv {option} of a CSV DATA file "
-                            f"(default: the training data's data.csv.{option})")
+        parser.add_argument(
+            f"--{option}",
+            help=f"pandas.read_csv {option} of a CSV DATA file "
+            f"(default: the training data's data.csv.{option})",
+        )
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -106,9 +106,13 @@ class MLflowSweep(Callback):
             "sweep_overrides": " ".join(config.hydra.overrides.task)[:5000],
             "git_commit": tracking.git_commit(),
         }
-        run = self.client.create_run(_experiment_id(self.client, experiment_name), run_name=f"sweep-{sweeper}", tags=tags)
+        run = self.client.create_run(
+            _experiment_id(self.client, experiment_name), run_name=f"sweep-{sweeper}", tags=tags
+        )
         self.parent_run_id = run.info.run_id
-        self.client.log_text(self.parent_run_id, OmegaConf.to_yaml(config.hydra.sweeper), "sweep/sweeper.yaml")
+        self.client.log_text(
+            self.parent_run_id, OmegaConf.to_yaml(config.hydra.sweeper), "sweep/sweeper.yaml"
+        )
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_RUN_FILE).write_text(self.parent_run_id + "\n")
         atexit.register(self._end_if_open)  # the sweep raised: Hydra exits without on_multirun_end
@@ -128,7 +132,11 @@ class MLflowSweep(Callback):
         try:
             failed = ", ".join(map(str, self.failed_trials)) or "none"
             with tracking.http_retries(*BOOKKEEPING_RETRIES):
-                self.client.set_tag(self.parent_run_id, "error", f"the sweep ended with an error (failed trials: {failed}; see its log)")
+                self.client.set_tag(
+                    self.parent_run_id,
+                    "error",
+                    f"the sweep ended with an error (failed trials: {failed}; see its log)",
+                )
                 self._end("FAILED")
         except Exception as err:  # noqa: BLE001 (at exit, with the tracking server perhaps what failed)
             log.warning("could not end the sweep's MLflow run %s: %s", self.parent_run_id, err)
@@ -212,7 +220,9 @@ class MLflowSweep(Callback):
         params = {}
         for override in job_return.overrides or []:
             key, _, value = override.lstrip("+~").partition("=")
-            params[key.replace(".", "/")] = value[:6000]  # a key given twice: the last value, as Hydra takes it
+            params[key.replace(".", "/")] = value[
+                :6000
+            ]  # a key given twice: the last value, as Hydra takes it
         if params:
             client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
         client.set_terminated(run.info.run_id, "FAILED")
@@ -230,7 +240,13 @@ def _mlflow_settings(config: DictConfig) -> tuple[str, str, str | None] | None:
 
 def _sweeper_name(config: DictConfig) -> str:
     target = str(config.hydra.sweeper.get("_target_", ""))
-    return "optuna" if "optuna" in target.lower() else "grid" if "BasicSweeper" in target else target.rsplit(".", 1)[-1]
+    return (
+        "optuna"
+        if "optuna" in target.lower()
+        else "grid"
+        if "BasicSweeper" in target
+        else target.rsplit(".", 1)[-1]
+    )
 
 
 def _experiment_id(client, name: str) -> str:

@@ -62,7 +62,10 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     from mlflow import MlflowClient
 
     database = uri.removeprefix(prefix)
-    lock = Path(tempfile.gettempdir()) / f"tsformer-mlflow-{hashlib.sha256(database.encode()).hexdigest()[:16]}.lock"
+    lock = (
+        Path(tempfile.gettempdir())
+        / f"tsformer-mlflow-{hashlib.sha256(database.encode()).hexdigest()[:16]}.lock"
+    )
     with FileLock(lock):
         client = MlflowClient(uri)  # opening the database creates its tables when there are none
         if experiment_name and client.get_experiment_by_name(experiment_name) is None:
@@ -173,7 +176,11 @@ def git_commit() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True, check=True, timeout=5,  # a failed status is not "clean"
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,  # a failed status is not "clean"
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -75,7 +75,11 @@ def _instantiate_group(group: DictConfig | None) -> list:
     """Instantiate every entry with a `_target_` of a callbacks/logger group (none: empty list)."""
     if not group:
         return []
-    return [instantiate(entry) for entry in group.values() if isinstance(entry, DictConfig) and "_target_" in entry]
+    return [
+        instantiate(entry)
+        for entry in group.values()
+        if isinstance(entry, DictConfig) and "_target_" in entry
+    ]
 
 
 @dataclass
@@ -213,7 +217,9 @@ def _test(tester: L.Trainer, task, datamodule, best_ckpt: str, keep_paths: bool)
     """Test the best checkpoint (the last weights without one): the test/* and calibration/* metrics."""
     task.keep_test_paths = keep_paths
     tester.test(task, datamodule=datamodule, ckpt_path=best_ckpt or None, weights_only=True, verbose=False)
-    return {k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))}
+    return {
+        k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))
+    }
 
 
 def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
@@ -223,11 +229,17 @@ def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> Run
     forecasts = csv_path = paths_path = None
     if cfg.forecasts_file:
         quantiles = _quantiles(task, task.head.levels)
-        forecasts = forecasts_frame(datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles)
+        forecasts = forecasts_frame(
+            datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles
+        )
         csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
     if cfg.get("paths_file"):
-        paths_path = write_parquet(paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file)
-    info = ModelInfo(family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit())
+        paths_path = write_parquet(
+            paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file
+        )
+    info = ModelInfo(
+        family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
+    )
     model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
     # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
     example = example_table(datamodule)
@@ -320,9 +332,13 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list, outputs: 
     lines += [f"{b.name}: {b.description}" for b in baselines]
     lines.append("*_orig rows: in the targets' own units; the others: on the targets as scaled for training")
     csv_path = outputs.csv_path
-    lines.append(f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)")
+    lines.append(
+        f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)"
+    )
     ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    lines.append(f"forecast new data: {command_line('predict', str(ref), '<table.csv>', '--output forecasts.csv')}")
+    lines.append(
+        f"forecast new data: {command_line('predict', str(ref), '<table.csv>', '--output forecasts.csv')}"
+    )
     lines.append("=" * 72)
     if outputs.paths_path is not None:
         lines.append(f"sampled paths: {outputs.paths_path.resolve()}")

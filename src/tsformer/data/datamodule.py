@@ -195,7 +195,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.num_workers, self.seed = int(num_workers), int(seed)
         self.future_known_noise = future_known_noise  # None: the future known covariates as measured
         if fill is not None and fill not in FILL_METHODS:
-            raise ValueError(f"unknown fill {fill!r}; choose one of {FILL_METHODS} or null (gaps split series)")
+            raise ValueError(
+                f"unknown fill {fill!r}; choose one of {FILL_METHODS} or null (gaps split series)"
+            )
         self.fill, self.max_fill_steps = fill, int(max_fill_steps)
         self.outliers = outlier_mode(outliers)  # fail now on a typo, not after reading the data
         # carried along in `frame` for baselines (e.g. a manufacturer's power curve): never scaled,
@@ -283,7 +285,13 @@ class TimeSeriesDataModule(L.LightningDataModule):
         filled = np.zeros(len(clean), dtype=bool)
         if self.fill is not None:
             clean, filled = fill_gaps(
-                clean, self.schema.time_col, self.schema.series_col, step, self.fill, self.max_fill_steps, source
+                clean,
+                self.schema.time_col,
+                self.schema.series_col,
+                step,
+                self.fill,
+                self.max_fill_steps,
+                source,
             )
         segments = find_segments(clean, self.schema, step, source)
 

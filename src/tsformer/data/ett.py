@@ -52,8 +52,8 @@ BASE_URL = "https://raw.githubusercontent.com/zhouhaoyi/ETDataset/main/ETT-small
 SOURCE_URL = "https://github.com/zhouhaoyi/ETDataset/tree/main/ETT-small"  # the same files, for a browser
 LICENCE_NOTE = (
     "ETT-small is licensed CC BY-ND 4.0 (https://creativecommons.org/licenses/by-nd/4.0/): share only "
-    "unmodified copies, never commit the files to this repository. Cite: Zhou et al., \"Informer: Beyond "
-    "Efficient Transformer for Long Sequence Time-Series Forecasting\", AAAI 2021."
+    'unmodified copies, never commit the files to this repository. Cite: Zhou et al., "Informer: Beyond '
+    'Efficient Transformer for Long Sequence Time-Series Forecasting", AAAI 2021.'
 )
 
 # The protocol's boundaries as timestamps (see the module docstring): row 8640 / 11520 / 14400 of an
@@ -97,7 +97,9 @@ def load_ett(folder, name: str = "ETTh1", end=END) -> pd.DataFrame:
     table = pd.read_csv(path)
     missing = [c for c in ["date", *COLUMNS] if c not in table.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; the columns present are {list(table.columns)}")
+        raise ValueError(
+            f"{path}: missing column(s) {missing}; the columns present are {list(table.columns)}"
+        )
     times = pd.to_datetime(table["date"], format="%Y-%m-%d %H:%M:%S")
     frame = table[COLUMNS].assign(time=times, **{SERIES_ID_COL: name})[["time", SERIES_ID_COL, *COLUMNS]]
     n_file = len(frame)

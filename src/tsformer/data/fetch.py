@@ -132,7 +132,9 @@ def fetch_ett(dest="data/ETT-small", base_url: str = ett.BASE_URL, files=None, e
             failed.append(name)
             echo(f"{name}: FAILED")
             continue
-        echo(f"{name}: {'downloaded, sha256 ok' if downloaded else 'already there with the right sha256, skipped'}")
+        echo(
+            f"{name}: {'downloaded, sha256 ok' if downloaded else 'already there with the right sha256, skipped'}"
+        )
         paths.append(path)
     if errors:
         for folder in created:  # deepest first
@@ -191,7 +193,9 @@ DESCRIPTION = (
 def main(argv=None) -> int:
     """`python -m tsformer.data.fetch ett [options]`."""
     parser = argparse.ArgumentParser(
-        prog="python -m tsformer.data.fetch", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+        prog="python -m tsformer.data.fetch",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     parser.add_argument("dataset", choices=["ett"], help="the data set to download")
     _add_ett_arguments(parser)
@@ -216,7 +220,7 @@ def simulated_data_configs() -> dict[str, dict]:
 
 
 def _simulator(config: dict):
-    return getattr(simulators, config["source"]["_target_"][len(SIMULATOR_PREFIX):])
+    return getattr(simulators, config["source"]["_target_"][len(SIMULATOR_PREFIX) :])
 
 
 def simulator_settings(config: dict) -> dict:
@@ -300,7 +304,10 @@ def cli(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tsformer-data", description="Data sets for tsformer.")
     commands = parser.add_subparsers(dest="command", required=True)
     fetch = commands.add_parser(
-        "fetch", help="download a data set", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+        "fetch",
+        help="download a data set",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     fetch.add_argument("dataset", choices=["ett"], help="the data set to download")
     _add_ett_arguments(fetch)

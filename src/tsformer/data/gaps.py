@@ -23,7 +23,12 @@ FILLED_ROW = -1  # the index (file row number) of inserted rows
 
 
 def fill_gaps(
-    clean: pd.DataFrame, time_col: str, series_col: str | None, step: pd.Timedelta, method: str, max_steps: int,
+    clean: pd.DataFrame,
+    time_col: str,
+    series_col: str | None,
+    step: pd.Timedelta,
+    method: str,
+    max_steps: int,
     source: str = "data",
 ) -> tuple[pd.DataFrame, np.ndarray]:
     """`clean` (validated, sorted by series and time) with the short gaps closed.
@@ -33,7 +38,9 @@ def fill_gaps(
     columns (series id, static categories) carried forward; only inside a gap, never past the ends.
     """
     if method not in FILL_METHODS:
-        raise ValueError(f"unknown fill {method!r}; choose one of {FILL_METHODS} (or null: gaps split series)")
+        raise ValueError(
+            f"unknown fill {method!r}; choose one of {FILL_METHODS} (or null: gaps split series)"
+        )
     if max_steps < 1:
         raise ValueError(f"max_fill_steps must be >= 1 with fill={method!r}, got {max_steps}")
     groups = clean.groupby(series_col, sort=False) if series_col else [(None, clean)]
@@ -46,10 +53,14 @@ def fill_gaps(
         if not short.size:
             parts.append(group.assign(_filled=False))
             continue
-        inserted = np.concatenate([times[i] + step.to_timedelta64() * np.arange(1, missing[i] + 1) for i in short])
+        inserted = np.concatenate(
+            [times[i] + step.to_timedelta64() * np.arange(1, missing[i] + 1) for i in short]
+        )
         n_gaps, n_filled = n_gaps + len(short), n_filled + len(inserted)
         new = pd.DataFrame({time_col: inserted}, index=np.full(len(inserted), FILLED_ROW))
-        grown = pd.concat([group.assign(_filled=False), new.assign(_filled=True)]).sort_values(time_col, kind="stable")
+        grown = pd.concat([group.assign(_filled=False), new.assign(_filled=True)]).sort_values(
+            time_col, kind="stable"
+        )
         for col in grown.columns:
             if col in (time_col, "_filled"):
                 continue
@@ -63,7 +74,13 @@ def fill_gaps(
         parts.append(grown)
     table = pd.concat(parts)
     if n_filled:
-        log.info("%s: %d gap(s) of at most %d step(s) filled (%s), %d row(s) inserted", source, n_gaps,
-                 max_steps, method, n_filled)
+        log.info(
+            "%s: %d gap(s) of at most %d step(s) filled (%s), %d row(s) inserted",
+            source,
+            n_gaps,
+            max_steps,
+            method,
+            n_filled,
+        )
     filled = table.pop("_filled").to_numpy(dtype=bool)
     return table, filled

@@ -196,8 +196,11 @@ class SeriesSchema:
             )
         unused = [c for c in df.columns if c not in wanted]
         if unused:
-            log.info("%s: column(s) %s have no role (time, series, target, known, observed, static): ignored",
-                     source, unused)
+            log.info(
+                "%s: column(s) %s have no role (time, series, target, known, observed, static): ignored",
+                source,
+                unused,
+            )
         return df
 
     def _series_ids(self, df, source) -> pd.Series:
@@ -367,8 +370,10 @@ class SeriesSchema:
             return ""
         times = clean[self.time_col]
         candidates = [
-            c for c in df.columns
-            if c not in self.columns and df[c].nunique() > 1
+            c
+            for c in df.columns
+            if c not in self.columns
+            and df[c].nunique() > 1
             and not pd.DataFrame({"id": df[c], "time": times}).duplicated().any()
         ]
         which = f" (one of {candidates})" if candidates else ""

@@ -79,7 +79,9 @@ class WindowDataset(Dataset):
         self.observed = torch.as_tensor(observed, dtype=torch.float32)  # (rows, Do)
         rows = len(self.target)
         # False on rows inserted to fill a gap (data.fill): inputs, never targets of a loss or metric
-        self.valid = torch.as_tensor(valid if valid is not None else np.ones(rows, dtype=bool), dtype=torch.bool)        # per row (constant within a series): scaled static numbers and static category codes
+        self.valid = torch.as_tensor(
+            valid if valid is not None else np.ones(rows, dtype=bool), dtype=torch.bool
+        )  # per row (constant within a series): scaled static numbers and static category codes
         self.static_num = torch.as_tensor(
             static_num if static_num is not None else np.zeros((rows, 0)), dtype=torch.float32
         )  # (rows, S_num)

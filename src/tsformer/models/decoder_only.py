@@ -73,7 +73,9 @@ class DecoderOnly(nn.Module):
         self.cfg = cfg
         self.patch = cfg.patch_len or 1  # P steps per token
         self.input_proj = InputProjection(self.patch * (cfg.d_target + cfg.d_known), cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.positional, rope = build_positional(
+            cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True, rope=rope)
         self.head = nn.Linear(cfg.d_model, self.patch * cfg.d_target * cfg.n_params)
@@ -90,7 +92,9 @@ class DecoderOnly(nn.Module):
 
     def check_whole_patches(self, n_steps: int, what: str) -> None:
         if n_steps % self.patch:
-            raise ValueError(f"{what} of {n_steps} steps is not a whole number of patches of patch_len={self.patch}")
+            raise ValueError(
+                f"{what} of {n_steps} steps is not a whole number of patches of patch_len={self.patch}"
+            )
 
     def forward(
         self,
@@ -168,7 +172,9 @@ class DecoderOnly(nn.Module):
         target_prev = hist_target  # (B, N, Dy), grown patch by patch without the cache
         if num_samples > 1:
             S = num_samples
-            out, known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, known, target_prev))  # (B * S, ...)
+            out, known, target_prev = (
+                x.repeat_interleave(S, dim=0) for x in (out, known, target_prev)
+            )  # (B * S, ...)
             if cache is not None:
                 cache.share(S)
         next_value = draw(out)  # (B * S, P, Dy)

@@ -54,7 +54,9 @@ class EncoderDecoderConfig(TransformerConfig):
     start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
     patch_len: int | None = None  # encoder tokens: None = one per history step; P = one per patch of P steps
     patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
-    n_params: int = 1  # outputs per target channel: 1 for a point forecast, the distribution's parameters otherwise
+    n_params: int = (
+        1  # outputs per target channel: 1 for a point forecast, the distribution's parameters otherwise
+    )
 
 
 class EncoderDecoder(nn.Module):
@@ -66,7 +68,9 @@ class EncoderDecoder(nn.Module):
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
         self.enc_proj = InputProjection(token_features(self.patching, cfg.d_enc_in), cfg.d_model)
         self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.positional, rope = build_positional(
+            cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
         n_dec = cfg.n_decoder_layers or cfg.n_layers
@@ -87,7 +91,9 @@ class EncoderDecoder(nn.Module):
         positions = self.memory_positions(N, device=hist.device)  # (L,)
         if self.patching is not None:
             if hist_valid is not None:
-                raise ValueError("patch tokens take whole histories: no padding mask (hist_valid) with patch_len")
+                raise ValueError(
+                    "patch tokens take whole histories: no padding mask (hist_valid) with patch_len"
+                )
             hist = self.patching(hist)  # (B, N, d_enc_in) -> (B, L, P * d_enc_in)
         h = self.dropout(self.positional(self.enc_proj(hist), positions))  # (B, L, d_model)
         mask = padding_mask(hist_valid) if hist_valid is not None else None
@@ -184,12 +190,18 @@ class EncoderDecoder(nn.Module):
         memory = self.encode(hist, hist_valid)  # computed once for all steps
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
         target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
-        out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[:, -1:]  # (B, 1, Dy * P)
+        out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[
+            :, -1:
+        ]  # (B, 1, Dy * P)
         if num_samples > 1:  # the first step is the same for every path of a window: computed once
             S = num_samples
-            out, fut_known, target_prev = (x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev))
+            out, fut_known, target_prev = (
+                x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev)
+            )
             if cache is not None:
-                cache.share(S)  # memory and hist_valid stay (B, ...): the shared cross-attention K/V are the memory's
+                cache.share(
+                    S
+                )  # memory and hist_valid stay (B, ...): the shared cross-attention K/V are the memory's
             else:  # the reference path re-reads the memory at every step: one copy per path
                 memory = memory.repeat_interleave(S, dim=0)
                 hist_valid = hist_valid.repeat_interleave(S, dim=0) if hist_valid is not None else None
@@ -197,7 +209,9 @@ class EncoderDecoder(nn.Module):
         values = [next_value]
         for m in range(1, M):
             if use_cache:
-                out = self.decode(next_value, fut_known[:, m : m + 1], memory, hist_valid, cache=cache, n_hist=N)
+                out = self.decode(
+                    next_value, fut_known[:, m : m + 1], memory, hist_valid, cache=cache, n_hist=N
+                )
             else:
                 target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, m + 1, Dy)
                 out = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]

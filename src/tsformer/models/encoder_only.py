@@ -66,9 +66,13 @@ class EncoderOnly(nn.Module):
         self.cfg = cfg
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
         if self.patching is not None and cfg.head == "per_step":
-            raise ValueError("the per_step head gives one output per step: it takes no patch tokens (patch_len)")
+            raise ValueError(
+                "the per_step head gives one output per step: it takes no patch tokens (patch_len)"
+            )
         self.input_proj = InputProjection(token_features(self.patching, cfg.d_in), cfg.d_model)
-        self.positional, rope = build_positional(cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base)
+        self.positional, rope = build_positional(
+            cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
         self.use_cls = cfg.head == "classification" and cfg.pooling == "cls"
@@ -94,7 +98,9 @@ class EncoderOnly(nn.Module):
         """
         B, N, _ = x.shape
         self.positional.check_length(n_step_positions(self.patching, N) + int(self.use_cls))
-        positions = step_positions(self.patching, N, device=x.device)  # (N,) or (L,): first step of each patch
+        positions = step_positions(
+            self.patching, N, device=x.device
+        )  # (N,) or (L,): first step of each patch
         if self.patching is not None:
             if valid is not None:
                 raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
@@ -131,5 +137,7 @@ class EncoderOnly(nn.Module):
             )
         if valid is not None:
             h = h * valid.unsqueeze(-1).to(h.dtype)  # padded steps contribute nothing
-        out = self.head(h.reshape(B, h.shape[1] * self.cfg.d_model))  # (B, N' * d_model) -> (B, M * d_out * P)
+        out = self.head(
+            h.reshape(B, h.shape[1] * self.cfg.d_model)
+        )  # (B, N' * d_model) -> (B, M * d_out * P)
         return out.view(B, self.cfg.horizon, self.cfg.d_out * self.cfg.n_params)  # (B, M, d_out * P)

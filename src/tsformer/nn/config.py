@@ -23,7 +23,9 @@ class TransformerConfig:
     # 1 - (1 - p)^2 in distribution: 0.51 at its ETTh1 dropout 0.3, 0.36 at its ETTm1 0.2
     attention_output_dropout: float | None = None
     norm: str = "pre"  # "pre" (modern default, stable) | "post" (original paper, wants LR warmup)
-    norm_layer: str = "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
+    norm_layer: str = (
+        "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
+    )
     positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "none"
     max_len: int = 1024  # positions a learned encoding knows; unused by the others
     rope_base: float = 10000.0

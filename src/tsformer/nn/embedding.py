@@ -20,5 +20,7 @@ class InputProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.d_in:
-            raise ValueError(f"expected {self.d_in} features per step, got {x.shape[-1]} (input shape {tuple(x.shape)})")
+            raise ValueError(
+                f"expected {self.d_in} features per step, got {x.shape[-1]} (input shape {tuple(x.shape)})"
+            )
         return self.proj(x)  # (B, T, d_in) -> (B, T, d_model)

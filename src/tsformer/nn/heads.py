@@ -49,7 +49,9 @@ from torch.distributions import Normal, StudentT
 
 POINT_LOSSES = {"mse": F.mse_loss, "mae": F.l1_loss, "huber": F.huber_loss}
 POINT_KINDS = ("mean", "median")
-U_EPS = 1e-6  # uniform draws are kept in [U_EPS, 1 - U_EPS]: the tails' quantile function is infinite at 0 and 1
+U_EPS = (
+    1e-6  # uniform draws are kept in [U_EPS, 1 - U_EPS]: the tails' quantile function is infinite at 0 and 1
+)
 
 
 def check_levels(levels, setting: str) -> list[float]:
@@ -59,7 +61,9 @@ def check_levels(levels, setting: str) -> list[float]:
     except (TypeError, ValueError):
         raise ValueError(f"{setting} must be a list of numbers in (0, 1), got {levels!r}") from None
     if not values or any(not 0.0 < x < 1.0 for x in values):
-        raise ValueError(f"{setting} must be a non-empty list of numbers strictly between 0 and 1, got {values}")
+        raise ValueError(
+            f"{setting} must be a non-empty list of numbers strictly between 0 and 1, got {values}"
+        )
     if sorted(set(values)) != values:
         raise ValueError(f"{setting} must be increasing without repeats, got {values}")
     return values
@@ -108,7 +112,9 @@ class Head:
     def params(self, raw: torch.Tensor) -> torch.Tensor:
         """`(..., C * P)` network outputs -> `(..., C, P)` parameters."""
         if raw.shape[-1] % self.n_params:
-            raise ValueError(f"{self.kind} head: last dimension {raw.shape[-1]} is not a multiple of {self.n_params}")
+            raise ValueError(
+                f"{self.kind} head: last dimension {raw.shape[-1]} is not a multiple of {self.n_params}"
+            )
         return self.constrain(raw.unflatten(-1, (raw.shape[-1] // self.n_params, self.n_params)))
 
     def constrain(self, raw: torch.Tensor) -> torch.Tensor:
@@ -161,7 +167,9 @@ class PointHead(Head):
         return raw  # P = 1: exactly the network's output, as before heads existed
 
     def quantiles(self, params, levels):
-        return params[..., :1].expand(*params.shape[:-1], len(levels))  # no spread: every quantile is the value
+        return params[..., :1].expand(
+            *params.shape[:-1], len(levels)
+        )  # no spread: every quantile is the value
 
     def sample(self, params):
         return params[..., 0]
@@ -218,7 +226,8 @@ class StudentTHead(Head):
 
     def constrain(self, raw):
         return torch.stack(
-            [raw[..., 0], F.softplus(raw[..., 1]) + self.min_scale, F.softplus(raw[..., 2]) + self.min_df], dim=-1
+            [raw[..., 0], F.softplus(raw[..., 1]) + self.min_scale, F.softplus(raw[..., 2]) + self.min_df],
+            dim=-1,
         )
 
     def distribution(self, params) -> StudentT:
@@ -257,13 +266,19 @@ class QuantileHead(Head):
         if len(self.taus) < 2:
             raise ValueError(f"model.head.quantile_levels needs at least 2 levels, got {self.taus}")
         self.n_params = len(self.taus)
-        self.anchor = min(range(len(self.taus)), key=lambda k: abs(self.taus[k] - 0.5))  # knot nearest the median
+        self.anchor = min(
+            range(len(self.taus)), key=lambda k: abs(self.taus[k] - 0.5)
+        )  # knot nearest the median
 
     def constrain(self, raw):
         m = self.anchor
         anchor = raw[..., m : m + 1]  # (..., C, 1): the knot nearest the median
-        up = F.softplus(raw[..., m + 1 :]).cumsum(dim=-1)  # (..., C, K - 1 - m) gaps above it, summed outwards
-        down = F.softplus(raw[..., :m]).flip(-1).cumsum(dim=-1).flip(-1)  # (..., C, m) gaps below, summed outwards
+        up = F.softplus(raw[..., m + 1 :]).cumsum(
+            dim=-1
+        )  # (..., C, K - 1 - m) gaps above it, summed outwards
+        down = (
+            F.softplus(raw[..., :m]).flip(-1).cumsum(dim=-1).flip(-1)
+        )  # (..., C, m) gaps below, summed outwards
         return torch.cat([anchor - down, anchor, anchor + up], dim=-1)  # (..., C, K), increasing
 
     def loss(self, params, target):
@@ -298,17 +313,23 @@ class QuantileHead(Head):
         K = len(self.taus)
         u = u.to(params.dtype).clamp(U_EPS, 1 - U_EPS)
         u = u.expand(*params.shape[:-1], u.shape[-1]).contiguous()  # (..., C, L)
-        seg = (torch.searchsorted(taus, u) - 1).clamp(0, K - 2)  # inner segment [seg, seg + 1] (or the end one)
+        seg = (torch.searchsorted(taus, u) - 1).clamp(
+            0, K - 2
+        )  # inner segment [seg, seg + 1] (or the end one)
         q_lo, q_hi = params.gather(-1, seg), params.gather(-1, seg + 1)
         t_lo, t_hi = taus[seg], taus[seg + 1]
-        inner = torch.lerp(q_lo, q_hi, (u - t_lo) / (t_hi - t_lo))  # exact at both knots (monotone in float too)
+        inner = torch.lerp(
+            q_lo, q_hi, (u - t_lo) / (t_hi - t_lo)
+        )  # exact at both knots (monotone in float too)
         lo_slope, hi_slope = self._tail_slopes(params)  # (..., C)
         lower = params[..., :1] + lo_slope.unsqueeze(-1) * torch.log(u / taus[0])
         upper = params[..., -1:] - hi_slope.unsqueeze(-1) * torch.log((1 - u) / (1 - taus[-1]))
         return torch.where(u < taus[0], lower, torch.where(u > taus[-1], upper, inner))
 
     def quantiles(self, params, levels):
-        return self.quantile_function(params, torch.as_tensor(levels, dtype=params.dtype, device=params.device))
+        return self.quantile_function(
+            params, torch.as_tensor(levels, dtype=params.dtype, device=params.device)
+        )
 
     def sample(self, params):
         u = torch.rand(params.shape[:-1], dtype=params.dtype, device=params.device)  # (..., C)
@@ -335,11 +356,12 @@ def build_head(settings: dict | None, loss: str = "mse") -> Head:
     settings = dict(settings or {})
     kind = settings.pop("kind", "point")
     if kind not in HEADS:
-        raise ValueError(f"unknown model.head.kind {kind!r}; choose one of {sorted(HEADS)} (config group head=)")
+        raise ValueError(
+            f"unknown model.head.kind {kind!r}; choose one of {sorted(HEADS)} (config group head=)"
+        )
     if kind == "point":
         settings["loss"] = loss
     try:
         return HEADS[kind](**settings)
     except TypeError as err:  # an unknown key
         raise ValueError(f"model.head ({kind}): {err}") from None
-

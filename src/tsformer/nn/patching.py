@@ -83,7 +83,11 @@ def token_features(patching: Patching | None, n_features: int) -> int:
 def step_positions(patching: Patching | None, n_steps: int, device=None) -> torch.Tensor:
     """`(L,)` positions of the tokens of a window of `n_steps` steps: each step's (one token per
     step, `patching` None), or each patch's first step."""
-    return patching.positions(n_steps, device=device) if patching is not None else torch.arange(n_steps, device=device)
+    return (
+        patching.positions(n_steps, device=device)
+        if patching is not None
+        else torch.arange(n_steps, device=device)
+    )
 
 
 def n_step_positions(patching: Patching | None, n_steps: int) -> int:

@@ -82,7 +82,9 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
     """`batch["<part>_valid"]` `(B, T)` bool; all True for batches built without it (by hand)."""
     if f"{part}_valid" in batch:
         return batch[f"{part}_valid"]
-    return torch.ones(batch[f"{part}_target"].shape[:2], dtype=torch.bool, device=batch[f"{part}_target"].device)
+    return torch.ones(
+        batch[f"{part}_target"].shape[:2], dtype=torch.bool, device=batch[f"{part}_target"].device
+    )
 
 
 class WindowTask(L.LightningModule):
@@ -148,12 +150,18 @@ class WindowTask(L.LightningModule):
             return MetricCollection([scaled.clone(prefix=prefix), orig.clone(prefix=prefix)])
 
         self.test_metrics = torch.nn.ModuleDict(
-            {"model": test_metrics("test/"), **{b.name: test_metrics(f"test/{b.name}_") for b in self.baselines}}
+            {
+                "model": test_metrics("test/"),
+                **{b.name: test_metrics(f"test/{b.name}_") for b in self.baselines},
+            }
         )
         self.prob_metrics = None
         if self.head.probabilistic:  # the model and the probabilistic baseline, each metric a running mean
             self.prob_metrics = torch.nn.ModuleDict(
-                {who: torch.nn.ModuleDict({m: MeanMetric() for m in PROB_METRICS}) for who in ("model", "baseline")}
+                {
+                    who: torch.nn.ModuleDict({m: MeanMetric() for m in PROB_METRICS})
+                    for who in ("model", "baseline")
+                }
             )
             # the quantiles kept for the export and the fan chart: the configured ones and the bands
             self.report_levels = sorted(set(self.head.levels) | set(BAND_LEVELS))
@@ -162,7 +170,9 @@ class WindowTask(L.LightningModule):
             self.register_buffer("spread_scale", torch.ones(out_len, d_target))
             self.spread_calibration: SpreadCalibration | None = None  # fitted before each test
             self.calibration: dict[str, float] = {}  # its figures, logged with the test metrics
-            self._test_times: tuple[np.ndarray, np.ndarray] | None = None  # test origins (W,), target times (W, T)
+            self._test_times: tuple[np.ndarray, np.ndarray] | None = (
+                None  # test origins (W,), target times (W, T)
+            )
         self.prob_baseline: ErrorQuantiles | None = None
         self.keep_test_paths = False  # keep every test window's sampled paths (train.py: `paths_file`)
         self.test_outputs: dict[str, np.ndarray] | None = None
@@ -236,7 +246,9 @@ class WindowTask(L.LightningModule):
             paths = self.sample_paths(net_batch, self.head.num_samples)  # (B', S, M, Dy')
             dist = SampleForecast(view.paths_to_batch_layout(paths), self.head.point_kind)
         else:
-            dist = head_forecast(self.head, view.params_to_batch_layout(self.predict_params(net_batch), self.head))
+            dist = head_forecast(
+                self.head, view.params_to_batch_layout(self.predict_params(net_batch), self.head)
+            )
         if calibrated and bool((self.spread_scale != 1).any()):
             dist = dist.with_spread_scale(self.spread_scale.to(batch["hist_target"].dtype))
         return dist
@@ -288,7 +300,9 @@ class WindowTask(L.LightningModule):
         origins, target_times = self._test_times
         calibration.add(self._spread_needed(raw, batch).cpu().numpy(), target_times[windows])
         scale = calibration.at(origins[windows])  # (B, T, Dy)
-        return raw.with_spread_scale(torch.as_tensor(scale, dtype=batch["hist_target"].dtype, device=self.device))
+        return raw.with_spread_scale(
+            torch.as_tensor(scale, dtype=batch["hist_target"].dtype, device=self.device)
+        )
 
     def forecast_with_quantiles(self, batch: dict, levels) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(point (B, T_out, Dy), quantiles (B, T_out, Dy, K) at levels or None for a point head)`,
@@ -314,7 +328,11 @@ class WindowTask(L.LightningModule):
 
     def _check_options(self) -> None:
         hp = self.hparams
-        asked = {"revin": hp.revin, "channel_independent": hp.channel_independent, "patch_len": hp.patch_len is not None}
+        asked = {
+            "revin": hp.revin,
+            "channel_independent": hp.channel_independent,
+            "patch_len": hp.patch_len is not None,
+        }
         for option, on in asked.items():
             if on and option not in self.supported_options:
                 takes = ", ".join(f"model.{o}" for o in sorted(self.supported_options)) or "none of them"
@@ -367,7 +385,9 @@ class WindowTask(L.LightningModule):
         B = batch["hist_target"].shape[0]
         self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
         valid = self.target_valid(batch)  # (B, T_out)
-        self.val_metrics.update(self.forecast(batch)[valid].flatten(), self.true_target(batch)[valid].flatten())
+        self.val_metrics.update(
+            self.forecast(batch)[valid].flatten(), self.true_target(batch)[valid].flatten()
+        )
         self.log_dict(self.val_metrics, batch_size=B)
 
     def on_test_start(self) -> None:
@@ -393,7 +413,10 @@ class WindowTask(L.LightningModule):
         quantiles = {}
         if self.head.probabilistic:  # the probabilistic baseline spreads the naive baseline's forecast
             naive = baseline_preds[self.baselines[0].name]
-            dists = {"model": self._calibrated_test_forecast(batch), "baseline": self.prob_baseline.forecast(batch, naive)}
+            dists = {
+                "model": self._calibrated_test_forecast(batch),
+                "baseline": self.prob_baseline.forecast(batch, naive),
+            }
             quantiles = {who: self._score_distribution(who, dist, true, valid) for who, dist in dists.items()}
             model_point = dists["model"].point()
         else:
@@ -416,12 +439,17 @@ class WindowTask(L.LightningModule):
                 "true": true.cpu(),
                 "valid": valid.cpu(),
                 "baseline": preds["baseline"].cpu(),
-                **{("quantiles" if who == "model" else f"{who}_quantiles"): q.cpu() for who, q in quantiles.items()},
+                **{
+                    ("quantiles" if who == "model" else f"{who}_quantiles"): q.cpu()
+                    for who, q in quantiles.items()
+                },
                 **({"paths": dists["model"].samples.cpu()} if self.keep_test_paths else {}),  # (B, S, M, Dy)
             }
         )
 
-    def _score_distribution(self, who: str, dist: Forecast, true: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def _score_distribution(
+        self, who: str, dist: Forecast, true: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
         """Update `who`'s probabilistic metrics on the valid steps; return its quantiles at the
         report levels `(B, T, Dy, K)` (scaled units, for the export)."""
         per_element = scores(dist, true, self.head.levels)  # name -> (B, T, Dy), scaled units

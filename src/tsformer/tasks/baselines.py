@@ -190,7 +190,9 @@ class ErrorQuantiles:
         """`(T, Dy, K)` empirical quantiles of the validation errors at each step and variable."""
         key = tuple(float(x) for x in levels)
         if key not in self._cache:
-            q = torch.nanquantile(self.errors.double(), torch.tensor(key, dtype=torch.float64), dim=0)  # (K, T, Dy)
+            q = torch.nanquantile(
+                self.errors.double(), torch.tensor(key, dtype=torch.float64), dim=0
+            )  # (K, T, Dy)
             self._cache[key] = q.movedim(0, -1).float()  # (T, Dy, K)
         return self._cache[key]
 
@@ -199,6 +201,8 @@ class ErrorQuantiles:
         point = self.point_baseline.predict(batch) if point is None else point  # (B, T, Dy)
 
         def quantiles(levels):
-            return point.unsqueeze(-1) + self.error_quantiles(levels).to(point.device, point.dtype)  # (B, T, Dy, K)
+            return point.unsqueeze(-1) + self.error_quantiles(levels).to(
+                point.device, point.dtype
+            )  # (B, T, Dy, K)
 
         return QuantileFunctionForecast(quantiles, lambda: point)

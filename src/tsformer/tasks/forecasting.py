@@ -84,12 +84,17 @@ class EncoderDecoderForecaster(_Forecaster):
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         draw = self.head.point_of_raw
-        return self.net.generate(history(batch), batch["hist_target"][:, -1], batch["fut_known"], draw=draw)  # (B, M, Dy)
+        return self.net.generate(
+            history(batch), batch["hist_target"][:, -1], batch["fut_known"], draw=draw
+        )  # (B, M, Dy)
 
     def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
         paths = self.net.generate(
-            history(batch), batch["hist_target"][:, -1], batch["fut_known"],
-            draw=self.head.sample_of_raw, num_samples=num_samples,
+            history(batch),
+            batch["hist_target"][:, -1],
+            batch["fut_known"],
+            draw=self.head.sample_of_raw,
+            num_samples=num_samples,
         )  # (B * S, M, Dy)
         return paths.unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
@@ -135,19 +140,27 @@ class DecoderOnlyForecaster(_Forecaster):
         known = torch.cat([batch["hist_known"], batch["fut_known"]], dim=1)  # (B, N + M, Dk)
         prev, known_next, labels = self.net.teacher_forcing(auto, known)
         P = self.net.patch  # labels start one patch (P = 1: one step) into the window
-        valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[:, P:]  # (B, N + M - P), as labels
+        valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[
+            :, P:
+        ]  # (B, N + M - P), as labels
         return self.net(prev, known_next), labels, valid
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
-        pred = self.net.generate(hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.point_of_raw)
+        pred = self.net.generate(
+            hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.point_of_raw
+        )
         return pred[..., : self.d_target_net]  # (B, M, Dy + Do) -> (B, M, Dy)
 
     def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
         # the past-only covariates are sampled and fed back too (a path is a joint draw), then dropped
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
         paths = self.net.generate(
-            hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.sample_of_raw, num_samples=num_samples
+            hist_auto,
+            batch["hist_known"],
+            batch["fut_known"],
+            draw=self.head.sample_of_raw,
+            num_samples=num_samples,
         )  # (B * S, M, Dy + Do)
         return paths[..., : self.d_target_net].unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
@@ -184,7 +197,12 @@ class EncoderForecaster(_Forecaster):
         M = fut_known.shape[1]
         Dy, Do = self.d_target_net, self.hparams.d_observed
         fut = torch.cat(
-            [fut_known.new_zeros(B, M, Dy), fut_known, fut_known.new_zeros(B, M, Do), fut_known.new_ones(B, M, 1)],
+            [
+                fut_known.new_zeros(B, M, Dy),
+                fut_known,
+                fut_known.new_zeros(B, M, Do),
+                fut_known.new_ones(B, M, 1),
+            ],
             dim=-1,
         )  # (B, M, D + 1): targets and observed covariates unknown in the future
         return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)

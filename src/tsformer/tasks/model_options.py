@@ -85,7 +85,9 @@ class NetworkView:
     def paths_to_batch_layout(self, paths: torch.Tensor) -> torch.Tensor:
         """Sampled target paths `(B', S, T, Dy')` -> `(B, S, T, Dy)` in the data's units."""
         if self.scale is not None:
-            paths = self.scale.denormalise(paths.movedim(1, 0)).movedim(0, 1)  # (S, B', T, Dy'): loc, scale broadcast
+            paths = self.scale.denormalise(paths.movedim(1, 0)).movedim(
+                0, 1
+            )  # (S, B', T, Dy'): loc, scale broadcast
         if not self.channel_independent:
             return paths
         return merge_channels(paths, self.d_target)  # (B * Dy, S, T, 1) -> (B, S, T, Dy)
@@ -94,7 +96,13 @@ class NetworkView:
 class ModelOptions(nn.Module):
     """`model.revin`, `model.revin_affine`, `model.channel_independent` (see the module docstring)."""
 
-    def __init__(self, d_target: int, revin: bool = False, revin_affine: bool = False, channel_independent: bool = False):
+    def __init__(
+        self,
+        d_target: int,
+        revin: bool = False,
+        revin_affine: bool = False,
+        channel_independent: bool = False,
+    ):
         super().__init__()
         if revin_affine and not revin:
             raise ValueError("model.revin_affine=true needs model.revin=true")

@@ -76,7 +76,9 @@ def empirical_quantiles(ordered: torch.Tensor, levels) -> torch.Tensor:
     return q.movedim(1, -1)  # (B, T, D, K)
 
 
-def crps_from_samples(samples: torch.Tensor, y: torch.Tensor, ordered: torch.Tensor | None = None) -> torch.Tensor:
+def crps_from_samples(
+    samples: torch.Tensor, y: torch.Tensor, ordered: torch.Tensor | None = None
+) -> torch.Tensor:
     """Fair CRPS of samples `(B, S, T, D)` for the truth `(B, T, D)` -> `(B, T, D)`.
 
     E|X - X'| over distinct pairs from the sorted samples: sum_{i<j} (x_j - x_i) = sum_i (2i - S + 1) x_(i)
@@ -162,7 +164,9 @@ class SampleForecast(Forecast):
             rescaled = SampleForecast(median + scale * (self.samples - median), self.point_kind)
         else:
             spread = self.samples.std(dim=1, keepdim=True).clamp_min(torch.finfo(self.samples.dtype).tiny)
-            z = torch.randn(B, S, 1, self.samples.shape[-1], dtype=self.samples.dtype, device=self.samples.device)
+            z = torch.randn(
+                B, S, 1, self.samples.shape[-1], dtype=self.samples.dtype, device=self.samples.device
+            )
             missed = (scale.square() - 1).clamp_min(0).sqrt()  # (B, 1, T, Dy): 0 where scale <= 1
             score = (self.samples - median) / spread + missed * z  # (B, S, T, Dy)
             rank = score.argsort(dim=1).argsort(dim=1)  # each path's rank at each step

@@ -33,11 +33,17 @@ class ReconstructionTask(WindowTask):
         hp = self.hparams
         d_in = self.d_known_in + hp.d_observed
         if d_in == 0:
-            raise ValueError("state reconstruction needs input columns: set data.known_cols or data.observed_cols")
+            raise ValueError(
+                "state reconstruction needs input columns: set data.known_cols or data.observed_cols"
+            )
         if hp.horizon != 0:
-            raise ValueError(f"state reconstruction works on windows without a horizon; got horizon={hp.horizon}")
+            raise ValueError(
+                f"state reconstruction works on windows without a horizon; got horizon={hp.horizon}"
+            )
         return EncoderOnly(
-            EncoderOnlyConfig(**net, d_in=d_in, d_out=hp.d_target, head="per_step", n_params=self.head.n_params)
+            EncoderOnlyConfig(
+                **net, d_in=d_in, d_out=hp.d_target, head="per_step", n_params=self.head.n_params
+            )
         )
 
     @staticmethod
