@@ -246,6 +246,7 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
     assert "Traceback" not in stdout + stderr
     line = error_line(stderr)
     assert line.startswith("error: ") and "bad_plant.csv" in line and "row 47 (line 49)" in line
+    assert stderr.strip().splitlines() == [line], stderr[-3000:]  # nothing else, as predict.py prints
     assert not runs_in(tmp_path / "plain")
     _, stderr = procs["full"].communicate(timeout=300)
     assert procs["full"].returncode == 1 and "Traceback" in stderr and "DataValidationError" in stderr

@@ -151,7 +151,8 @@ def run(cfg: DictConfig) -> RunResult | None:
         cfg = resumed.config
     elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
         _refuse_used_output_folder(cfg)
-    L.seed_everything(cfg.seed, workers=True)
+    # quiet: the seed is in the config and the run's params, and a data error stays one line
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg)
     recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed)
     trainer = _instantiate_trainer(cfg, recorder)
