@@ -22,6 +22,20 @@ def good_table(n_steps=40) -> pd.DataFrame:
     )
 
 
+def good_table_overrides(csv_path) -> list[str]:
+    """train.py's settings for `good_table` saved as a CSV at `csv_path` (data=csv, its column roles)."""
+    return [
+        "data=csv",
+        f"data.source={csv_path}",
+        "data.series_col=site",
+        "data.target_cols=[y]",
+        "data.known_cols=[u]",
+        "data.observed_cols=[z]",
+        "data.val_fraction=0.3",
+        "data.test_fraction=0.3",
+    ]
+
+
 def make_dm(source, **overrides):
     kwargs = {
         "name": "toy",

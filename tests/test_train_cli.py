@@ -24,7 +24,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from test_data_validation import BAD_INPUTS, good_table
+from test_data_validation import BAD_INPUTS, good_table, good_table_overrides
 from tsformer.data import simulate_plant
 
 # every test here runs train.py (or reads a module fixture that does)
@@ -227,16 +227,7 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
     corrupt, _ = BAD_INPUTS["non-numeric value"]
     path = tmp_path / "bad_plant.csv"
     corrupt(good_table(400)).to_csv(path, index=False)
-    overrides = [
-        "data=csv",
-        f"data.source={path}",
-        "data.series_col=site",
-        "data.target_cols=[y]",
-        "data.known_cols=[u]",
-        "data.observed_cols=[z]",
-        "data.val_fraction=0.3",
-        "data.test_fraction=0.3",
-    ]
+    overrides = good_table_overrides(path)
     procs = {}
     for name, extra_env in (("plain", {}), ("full", {"HYDRA_FULL_ERROR": "1"})):
         (tmp_path / name).mkdir()

@@ -7,7 +7,9 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import TINY
-from test_data_validation import BAD_INPUTS, good_table  # the data tests' broken tables, through train.run
+
+# the data tests' broken tables and their settings, through train.run
+from test_data_validation import BAD_INPUTS, good_table, good_table_overrides
 from tsformer.data import DataValidationError
 from tsformer.train import compose_config, run
 
@@ -16,17 +18,7 @@ N_STEPS = 400  # per series: enough for train/val/test windows of the enc_dec de
 
 def config_for(csv_path, out_dir, extra=()):
     overrides = [o for o in TINY if not o.startswith("data.source.")] + list(extra)
-    overrides += [
-        "data=csv",
-        f"data.source={csv_path}",
-        "data.series_col=site",
-        "data.target_cols=[y]",
-        "data.known_cols=[u]",
-        "data.observed_cols=[z]",
-        "data.val_fraction=0.3",
-        "data.test_fraction=0.3",
-    ]
-    return compose_config(overrides, out_dir)
+    return compose_config(overrides + good_table_overrides(csv_path), out_dir)
 
 
 def statuses(folder) -> list[str]:
