@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY
-from tsformer.data import ett
+from tsformer.data import ett, sources
 from tsformer.data.ett import COLUMNS, load_ett
 from tsformer.train import CONFIG_DIR, compose_config, run
 
@@ -216,7 +216,7 @@ def test_ett_config_names_only_paths_in_the_repository():
 def test_loader_falls_back_to_the_env_folder_then_the_shared_copy(tmp_path, monkeypatch):
     (tmp_path / "copy" / "ETT-small").mkdir(parents=True)
     write_ett_like(tmp_path / "copy" / "ETT-small" / "ETTh2.csv", 14400)
-    monkeypatch.setenv(ett.DATA_DIR_ENV, str(tmp_path / "copy"))
+    monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path / "copy"))
     folders = ett.fallback_folders()
     assert folders[0] == tmp_path / "copy" / "ETT-small"
     assert folders[-1] == REPO.parent / "shared" / "data" / "ETT-small"
@@ -230,6 +230,13 @@ def test_loader_falls_back_to_the_env_folder_then_the_shared_copy(tmp_path, monk
     assert str(tmp_path / "empty") in str(err.value) and str(tmp_path / "copy" / "ETT-small") in str(
         err.value
     )
+
+
+def test_an_installed_package_falls_back_to_the_env_folder_only(tmp_path, monkeypatch):
+    """Without a checkout (a pip-installed package) there is no ../shared beside it to try."""
+    monkeypatch.setattr(sources, "REPO_ROOT", None)
+    monkeypatch.setenv(sources.DATA_DIR_ENV, str(tmp_path))
+    assert ett.fallback_folders() == [tmp_path / "ETT-small"]
 
 
 def test_protocol_timestamps_are_the_protocols_rows():

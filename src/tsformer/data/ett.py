@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tsformer.data.sources import REPO_ROOT, find_first
+from tsformer.data.sources import find_first, shared_data_folders
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +64,10 @@ TEST_START = VAL_START + pd.Timedelta(days=4 * 30)  # 2017-10-24
 END = TEST_START + pd.Timedelta(days=4 * 30)  # 2018-02-21, exclusive
 STEPS_PER_HOUR = {"h": 1, "m": 4}  # ETTh*: hourly, ETTm*: 15 minutes
 
-# A copy of the data kept outside the repository: <folder>/ETT-small, after data.source.folder
-DATA_DIR_ENV = "TSFORMER_DATA_DIR"
-
 
 def fallback_folders() -> list[Path]:
-    """Where ETT-small is looked for after the config's folders: $TSFORMER_DATA_DIR/ETT-small (a copy
-    shared on the machine; paths separated by os.pathsep), then ../shared/data/ETT-small beside the
-    repository (the developers' shared copy), so that configs name only paths inside the repository."""
-    shared = [Path(p) for p in os.environ.get(DATA_DIR_ENV, "").split(os.pathsep) if p]
-    return [p / "ETT-small" for p in shared] + [REPO_ROOT.parent / "shared" / "data" / "ETT-small"]
+    """Where ETT-small is looked for after the config's folders (`sources.shared_data_folders`)."""
+    return shared_data_folders("ETT-small")
 
 
 def load_ett(folder, name: str = "ETTh1", end=END) -> pd.DataFrame:

@@ -68,6 +68,19 @@ def load_table(path, **csv_options) -> pd.DataFrame:
 # folder; an installed package has no such place (None).
 REPO_ROOT = checkout_root()
 
+# Copies of the data kept outside the repository, tried after the config's folders: <dir>/<name> for
+# each dir of $TSFORMER_DATA_DIR (os.pathsep-separated), then the developers' ../shared/data/<name>
+# beside a checkout, so that configs name only paths inside the repository.
+DATA_DIR_ENV = "TSFORMER_DATA_DIR"
+
+
+def shared_data_folders(name: str) -> list[Path]:
+    """The folders `<dir>/<name>` a loader tries after its config's (see DATA_DIR_ENV above)."""
+    dirs = [Path(p) for p in os.environ.get(DATA_DIR_ENV, "").split(os.pathsep) if p]
+    if REPO_ROOT is not None:  # an installed package has no checkout beside it
+        dirs.append(REPO_ROOT.parent / "shared" / "data")
+    return [d / name for d in dirs]
+
 
 def find_first(candidates, hint: str, file_name: str | None = None) -> Path:
     """The first existing file among `candidates` (one path or a list of paths); with `file_name`,
