@@ -137,26 +137,6 @@ def test_stacked_projections_draw_what_separate_layers_draw():
     assert stacked_projections(8, 2, bias=False).bias is None
 
 
-@pytest.mark.parametrize("cross", [False, True])
-def test_checkpoint_with_separate_projections_loads(cross):
-    """State dicts saved with separate `q_proj`, `k_proj`, `v_proj` (before they were stacked) load."""
-    torch.manual_seed(0)
-    layer = CrossAttention if cross else SelfAttention
-    saved = layer(16, 2).eval()
-    old_layout = {k: v for k, v in saved.state_dict().items() if "qkv_proj" not in k and "kv_proj" not in k}
-    stacked, names = (saved.kv_proj, "kv") if cross else (saved.qkv_proj, "qkv")
-    for kind in ("weight", "bias"):
-        for name, block in zip(names, getattr(stacked, kind).chunk(len(names))):
-            old_layout[f"{name}_proj.{kind}"] = block
-    assert {"q_proj.weight", "k_proj.weight", "v_proj.bias"} <= set(old_layout)
-    torch.manual_seed(1)
-    loaded = layer(16, 2).eval()
-    loaded.load_state_dict(old_layout)  # strict: every key placed
-    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    args = {"memory": ctx} if cross else {"causal": True}
-    assert torch.equal(loaded(x, **args), saved(x, **args))
-
-
 def test_self_attention_with_its_cache_equals_one_causal_pass():
     """Tokens fed a few at a time through a `SelfAttentionCache` see what one causal pass shows them."""
     torch.manual_seed(0)

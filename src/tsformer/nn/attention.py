@@ -210,21 +210,6 @@ def stacked_projections(d_model: int, n: int, bias: bool) -> nn.Linear:
     return stacked
 
 
-def stack_separate_projections(module: MultiHeadAttention, state_dict: dict, prefix: str, *args) -> None:
-    """A checkpoint saved before the projections were stacked holds `q_proj`, `k_proj` and `v_proj`:
-    they are stacked as it loads (into `qkv_proj` for self-attention, `kv_proj` for cross-attention)."""
-    for kind in ("weight", "bias"):
-        names = [f"{prefix}{p}_proj.{kind}" for p in ("q", "k", "v")]
-        if not all(name in state_dict for name in names):
-            continue
-        q, k, v = (state_dict.pop(name) for name in names)
-        if isinstance(module, CrossAttention):
-            state_dict[f"{prefix}q_proj.{kind}"] = q
-            state_dict[f"{prefix}kv_proj.{kind}"] = torch.cat([k, v])  # (2 * d_model, ...)
-        else:
-            state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([q, k, v])  # (3 * d_model, ...)
-
-
 class MultiHeadAttention(nn.Module):
     """What every attention layer shares; the layers themselves are its subclasses, one per job:
 
@@ -333,7 +318,6 @@ class SelfAttention(MultiHeadAttention):
         super().__init__(d_model, n_heads, dropout, rope, fused)
         self.qkv_proj = stacked_projections(d_model, 3, bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.register_load_state_dict_pre_hook(stack_separate_projections)
 
     def forward(
         self,
@@ -383,7 +367,6 @@ class CrossAttention(MultiHeadAttention):
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.kv_proj = stacked_projections(d_model, 2, bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.register_load_state_dict_pre_hook(stack_separate_projections)
 
     def memory_kv(
         self, memory: torch.Tensor, memory_positions: torch.Tensor | None = None
@@ -438,7 +421,6 @@ class ResidualSelfAttention(MultiHeadAttention):
         super().__init__(d_model, n_heads, dropout, rope, fused=False)
         self.qkv_proj = stacked_projections(d_model, 3, bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.register_load_state_dict_pre_hook(stack_separate_projections)
 
     def forward(
         self,
