@@ -17,10 +17,8 @@ Heads (`model.head.kind`, config group `head=`):
 - `quantile`: the quantiles at `quantile_levels` (pinball loss averaged over them), monotone by
   construction: the knot nearest the median is a raw output, and the others lie softplus increments
   above and below it. Anchored in the middle so that training treats the upper and lower knots
-  alike: with the lowest knot as the anchor, every upper knot hung on a chain of all the increments
-  below it, and on the simulated plant (4 epochs) the one-step quantiles came out skewed (mean 0.056
-  below the median, scaled units, on symmetric noise); sampled paths fed those draws back and
-  drifted (test MAE of the paths' median 0.27, of the median-fed rollout 0.14). The
+  alike (anchored at the lowest knot, every upper knot hangs on a chain of increments and the
+  quantiles come out skewed: benchmarks/RESULTS_probabilistic.md). The
   distribution in between is the piecewise-linear quantile function through those knots (uniform
   density between two knots); beyond the outermost knots, exponential tails whose density matches
   the adjacent segment's (Laplace-like, unbounded): `q(u) = q_1 + b_lo log(u / tau_1)` below
@@ -164,7 +162,7 @@ class PointHead(Head):
         return params[..., 0]
 
     def point_of_raw(self, raw):
-        return raw  # P = 1: exactly the network's output, as before heads existed
+        return raw  # P = 1: the network's output is the value itself
 
     def quantiles(self, params, levels):
         return params[..., :1].expand(
