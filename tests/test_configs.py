@@ -150,3 +150,9 @@ def test_console_script_composes_from_any_folder(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tsformer.tasks.DecoderOnlyForecaster" in proc.stdout
+
+
+def test_configs_name_no_path_outside_the_repository():
+    """Data outside the repository is found by the loaders' fallback folders, not by config paths."""
+    outside = [str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml") if "../" in p.read_text()]
+    assert outside == []

@@ -19,7 +19,7 @@ from sklearn.multioutput import MultiOutputRegressor
 from sklearn.neural_network import MLPRegressor
 
 from conftest import REPO, TINY
-from tsformer.data import find_segments, load_gas_turbine
+from tsformer.data import find_segments, gas_turbine, load_gas_turbine
 from tsformer.data.gas_turbine import COLUMNS, URL
 from tsformer.data.schema import fixed_step
 from tsformer.train import _instantiate_group, compose_config, run
@@ -57,11 +57,13 @@ def test_the_first_existing_folder_is_used(tmp_path, monkeypatch):
     assert len(load_gas_turbine(["data/gas_turbine", "gas_turbine"], years=[2011])) == ROWS_PER_YEAR[2011]
 
 
-def test_no_folder_names_every_folder_tried_and_the_data_set(tmp_path):
+def test_no_folder_names_every_folder_tried_and_the_data_set(tmp_path, monkeypatch):
+    monkeypatch.setattr(gas_turbine, "shared_data_folders", lambda name: [tmp_path / "copy" / name])
     with pytest.raises(FileNotFoundError) as err:
         load_gas_turbine([tmp_path / "a", tmp_path / "b"])
     message = str(err.value)
     assert str(tmp_path / "a") in message and str(tmp_path / "b") in message
+    assert str(tmp_path / "copy" / "gas_turbine") in message  # the fallback folder too
     assert "Gas Turbine CO and NOx Emission Data Set" in message
 
 
@@ -152,3 +154,8 @@ def test_train_py_logs_the_model_and_every_baseline(in_tmp):
     for prefix in ("test/", "test/baseline_", "test/baseline_hgb_", "test/baseline_mlp_"):
         for name in ("mae_orig", "rmse_orig", "mae_orig/CO", "mae_orig/NOX"):
             assert np.isfinite(metrics[prefix + name]), prefix + name
+
+
+def test_year_files_outside_the_configs_folders_are_found_in_the_shared_copy(tmp_path):
+    """The config names only data/gas_turbine; the shared copy is the loader's fallback."""
+    assert len(load_gas_turbine([tmp_path / "empty"], years=[2014])) == ROWS_PER_YEAR[2014]

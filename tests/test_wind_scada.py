@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import TINY
-from tsformer.data import ForecastNoise, TimeSeriesDataModule, find_segments, load_wind_scada
+from tsformer.data import ForecastNoise, TimeSeriesDataModule, find_segments, load_wind_scada, wind_scada
 from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.simulators import power_curve
 from tsformer.data.wind_scada import URL
@@ -164,11 +164,13 @@ def test_power_curve_baseline_on_a_synthetic_turbine(noisy_and_clean):
     assert pred.shape == batch["fut_target"].shape
 
 
-def test_missing_file_names_every_path_tried(tmp_path):
+def test_missing_file_names_every_path_tried(tmp_path, monkeypatch):
+    monkeypatch.setattr(wind_scada, "shared_data_folders", lambda name: [tmp_path / "copy" / name])
     with pytest.raises(FileNotFoundError) as err:
         load_wind_scada([tmp_path / "nowhere" / "T1.csv", "also/not/here.csv"])
     message = str(err.value)
     assert "nowhere" in message and "also/not/here.csv" in message
+    assert str(tmp_path / "copy" / "wind_turbine_scada" / "T1.csv") in message  # the fallback too
     # where users get the file and where to put it, not a note only developers have
     assert URL in message and "data/wind_turbine_scada/T1.csv" in message and "SOURCE.md" not in message
 
@@ -179,6 +181,12 @@ def test_missing_file_names_every_path_tried(tmp_path):
 @pytest.fixture(scope="module")
 def t1():
     return load_wind_scada(["does/not/exist.csv", str(T1)])  # the first existing candidate is used
+
+
+@needs_t1
+def test_t1_outside_the_configs_paths_is_found_in_the_shared_copy(tmp_path):
+    """The config names only data/wind_turbine_scada/T1.csv; the shared copy is the loader's fallback."""
+    assert len(load_wind_scada([tmp_path / "T1.csv"], end="2018-01-02")) == 144
 
 
 @needs_t1

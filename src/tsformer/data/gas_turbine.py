@@ -9,11 +9,12 @@ docstring).
 from __future__ import annotations
 
 import logging
+import os
 
 import pandas as pd
 
 from tsformer.data.schema import DataValidationError
-from tsformer.data.sources import find_first
+from tsformer.data.sources import find_first, shared_data_folders
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,11 @@ def load_gas_turbine(folder, years=(2011, 2012, 2013, 2014)) -> pd.DataFrame:
         f"download the {DATASET} from {URL} and put its year files, unmodified, in data/gas_turbine "
         f"(years {years} need {', '.join(f'gt_{y}.csv' for y in years)}; or set data.source.folder)"
     )
+    folders = [folder] if isinstance(folder, (str, os.PathLike)) else list(folder)
+    folders += shared_data_folders("gas_turbine")
     frames = []
     for year in years:
-        path = find_first(folder, file_name=f"gt_{year}.csv", hint=hint)
+        path = find_first(folders, file_name=f"gt_{year}.csv", hint=hint)
         table = pd.read_csv(path)
         # some copies of the year files carry spaces around a name ('AFDP '): match the names without them
         padded = {c: c.strip() for c in table.columns if c != c.strip() and c.strip() in COLUMNS}

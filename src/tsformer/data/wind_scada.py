@@ -12,11 +12,13 @@ power-curve baseline (`tasks.baselines.PowerCurve`).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 
 from tsformer.data.schema import DataValidationError, describe_row
-from tsformer.data.sources import find_first
+from tsformer.data.sources import find_first, shared_data_folders
 
 SERIES_ID = "T1"
 TIME_FORMAT = "%d %m %Y %H:%M"  # e.g. "01 01 2018 00:10"
@@ -38,8 +40,9 @@ def load_wind_scada(path, start=None, end=None) -> pd.DataFrame:
     wind_direction_cos, theoretical_power` (kW, m/s, degrees). `start`/`end` keep the times in
     [start, end) (e.g. a small slice for tests). Gaps stay gaps: nothing is filled in.
     """
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     file = find_first(
-        path,
+        paths + [folder / "T1.csv" for folder in shared_data_folders("wind_turbine_scada")],
         hint=f'download T1.csv, the wind turbine SCADA data, from the Kaggle data set "Wind Turbine Scada '
         f'Dataset" ({URL}) and put it, unmodified, at data/wind_turbine_scada/T1.csv '
         "(or set data.source.path)",
