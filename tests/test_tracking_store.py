@@ -5,6 +5,7 @@ four bare MLflow clients opening one new database at once all failed here)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -12,8 +13,11 @@ import textwrap
 
 import pytest
 from mlflow import MlflowClient
+from omegaconf import DictConfig
 
-from conftest import REPO
+from conftest import REPO, TINY
+from tsformer import tracking
+from tsformer.train import compose_config, run
 
 N_PROCESSES = 4
 
@@ -61,3 +65,30 @@ def test_processes_creating_one_new_database_at_once_all_log(tmp_path):
     assert len(experiments) == 1
     runs = client.search_runs([experiments[0].experiment_id])
     assert sorted(r.data.metrics["x"] for r in runs) == [float(i) for i in range(N_PROCESSES)]
+
+
+@pytest.mark.slow
+def test_a_runs_config_visits_tracking_twice(in_tmp, monkeypatch):
+    """tracking.py is handed the run's config twice (the server check, the logger's store); the run
+    records it from plain values. Every function of the module is wrapped and its calls counted."""
+    cfg = compose_config([*TINY, "model=enc_dec"], in_tmp / "out")
+    visits, depth = [], [0]
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            whole = any(isinstance(a, DictConfig) and "model" in a for a in [*args, *kwargs.values()])
+            if whole and depth[0] == 0:  # a call from outside the module (not one tracking makes itself)
+                visits.append(name)
+            depth[0] += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return wrapper
+
+    for name, function in inspect.getmembers(tracking, inspect.isfunction):
+        if function.__module__ == tracking.__name__:
+            monkeypatch.setattr(tracking, name, counted(name, function))
+    run(cfg)
+    assert visits == ["require_reachable_servers", "mlflow_logger_entry"]

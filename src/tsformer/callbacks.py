@@ -26,7 +26,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
 from tsformer.export import forecasts_frame, mae_by_step, select_levels
@@ -128,7 +128,8 @@ class MLflowRun(Callback):
         tags["output_dir"] = str(self.cfg.paths.output_dir)
         if trainer.checkpoint_callback:
             tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
-        tracking.start_run(self.logger, self.cfg, tags)
+        config = OmegaConf.to_container(self.cfg, resolve=True)  # plain values: tracking never sees the cfg
+        tracking.start_run(self.logger, config, tags, config.get("system_metrics"))
         n_params = sum(p.numel() for p in task.net.parameters())
         self.logger.experiment.log_param(self.logger.run_id, "n_params", n_params)
 

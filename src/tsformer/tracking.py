@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -187,22 +188,23 @@ def git_commit() -> str:
         return "unknown"
 
 
-def start_run(logger: MLFlowLogger, cfg: DictConfig, tags: dict[str, str]) -> str:
-    """Create the run now (so a failure later still has a run to mark), log config and tags; mark its
-    experiment as one of model training, unless it says already what it is for."""
+def start_run(
+    logger: MLFlowLogger, config: dict, tags: dict[str, str], system_metrics: dict | None = None
+) -> str:
+    """Create the run now (so a failure later still has a run to mark), log the resolved `config` and
+    `tags`; mark its experiment as one of model training, unless it says already what it is for."""
     client, run_id = logger.experiment, logger.run_id
     if EXPERIMENT_KIND_TAG not in client.get_experiment(logger.experiment_id).tags:
         client.set_experiment_tag(logger.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    logger.log_hyperparams(resolved)  # flattened by Lightning: "model/net/d_model" etc.
-    client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+    logger.log_hyperparams(config)  # flattened by Lightning: "model/net/d_model" etc.
+    client.log_text(run_id, OmegaConf.to_yaml(config), "config/resolved.yaml")
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
-    start_system_metrics(logger, cfg.get("system_metrics"))
+    start_system_metrics(logger, system_metrics)
     return run_id
 
 
-def resume_run(logger: MLFlowLogger, tags: dict[str, str], system_metrics: DictConfig | None = None) -> str:
+def resume_run(logger: MLFlowLogger, tags: dict[str, str], system_metrics: Mapping | None = None) -> str:
     """Reopen the run a resumed run continues (left RUNNING by SIGKILL, or KILLED, FAILED): RUNNING
     again until it ends. Its params and config were logged when it started; they are not logged
     again (MLflow refuses a param logged twice with different values)."""
@@ -255,7 +257,7 @@ def end_run(logger: MLFlowLogger, status: str) -> None:
 _system_monitors: dict[str, object] = {}  # run id -> the SystemMetricsMonitor logging to it
 
 
-def start_system_metrics(logger: MLFlowLogger, settings: DictConfig | None, resume: bool = False) -> None:
+def start_system_metrics(logger: MLFlowLogger, settings: Mapping | None, resume: bool = False) -> None:
     """MLflow's system metrics (CPU, memory, disk, network, and GPU with nvidia-ml-py) for the run,
     when `system_metrics.enabled` (conf/train.yaml).
 
@@ -272,8 +274,8 @@ def start_system_metrics(logger: MLFlowLogger, settings: DictConfig | None, resu
 
     monitor = SystemMetricsMonitor(
         logger.run_id,
-        sampling_interval=float(settings.sampling_interval),
-        samples_before_logging=int(settings.samples_before_logging),
+        sampling_interval=float(settings["sampling_interval"]),
+        samples_before_logging=int(settings["samples_before_logging"]),
         resume_logging=resume,
         tracking_uri=logger.experiment.tracking_uri,
     )
