@@ -355,7 +355,7 @@ def peer_frame(dm) -> pd.DataFrame:
     """The data set's target channels as neuralforecast's long frame (unique_id = the channel, ds, y),
     scaled with our datamodule's train-fitted StandardScaler."""
     frame = dm.frame
-    scaled = dm.transform_target(frame[dm.target_names].to_numpy())
+    scaled = dm.features.transform_target(frame[dm.target_names].to_numpy())
     times = frame[dm.schema.time_col].to_numpy()
     return pd.concat(
         [

@@ -87,7 +87,7 @@ def test_test_targets_lie_in_the_test_period_and_history_may_start_before():
     np.testing.assert_array_equal(target_times, expected)
     # items carry exactly those rows: y equals the row number, and scaled y is monotone in it
     item = dm.datasets["test"][0]
-    y = dm.inverse_transform_target(item["fut_target"]).squeeze(-1)
+    y = dm.features.inverse_target(item["fut_target"]).squeeze(-1)
     first_target_row = (target_times[0, 0] - np.datetime64("2024-01-01")) // STEP.to_timedelta64()
     np.testing.assert_allclose(y.numpy(), first_target_row + np.arange(4), atol=1e-3)
 
@@ -126,11 +126,10 @@ def test_scalers_are_fitted_on_train_rows_only():
     changed = df.copy()
     changed.loc[changed["time"] >= "2024-01-01 02:00", ["y", "u", "z"]] = 1e6  # val and test only
     after = make_dm(changed)
-    np.testing.assert_array_equal(before.target_scaler.mean_, after.target_scaler.mean_)
-    np.testing.assert_array_equal(before.covariate_scaler.mean_, after.covariate_scaler.mean_)
-    np.testing.assert_allclose(before.target_scaler.mean_, [59.5])  # mean of rows 0..119
+    assert before.features == after.features  # scalers and vocabularies
+    np.testing.assert_allclose(before.features.target_scaler.offset, [59.5])  # mean of rows 0..119
     changed.loc[0, "y"] = 1e6  # a train row does move it
-    assert make_dm(changed).target_scaler.mean_[0] != before.target_scaler.mean_[0]
+    assert make_dm(changed).features.target_scaler.offset[0] != before.features.target_scaler.offset[0]
 
 
 @pytest.mark.parametrize("scaler", ["standard", "minmax", "none"])
@@ -147,14 +146,15 @@ def test_inverse_transform_undoes_transform(scaler):
         scaler=scaler,
     )
     x = np.random.default_rng(0).normal(50, 20, size=(3, 5, 2))  # (B, T, Dy)
-    np.testing.assert_allclose(dm.inverse_transform_target(dm.transform_target(x)), x, rtol=1e-10)
+    features = dm.features
+    np.testing.assert_allclose(features.inverse_target(features.transform_target(x)), x, rtol=1e-10)
     t = torch.tensor(x, dtype=torch.float32)
-    back = dm.inverse_transform_target(dm.transform_target(t))
+    back = features.inverse_target(features.transform_target(t))
     assert torch.is_tensor(back) and back.dtype == torch.float32 and back.shape == t.shape
     torch.testing.assert_close(back, t, rtol=1e-5, atol=1e-3)
     if scaler != "none":
-        assert not np.allclose(dm.transform_target(x), x)
-    assert dm.covariate_scaler is not None and dm.d_observed == 0
+        assert not np.allclose(features.transform_target(x), x)
+    assert features.covariate_scaler is not None and dm.d_observed == 0
 
 
 @pytest.mark.parametrize("split", ["val", "test"])

@@ -91,9 +91,9 @@ def test_rows_after_the_protocols_end_are_not_in_the_frame(name, n_rows, n_file,
 def test_scaler_is_fitted_on_the_train_rows_only(tmp_path):
     dm = ett_datamodule("ETTh1", 336, 96, tmp_path)
     train = pd.read_csv(DATA / "ETTh1.csv")[COLUMNS].to_numpy()[:8640]
-    np.testing.assert_allclose(dm.target_scaler.mean_, train.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(dm.target_scaler.scale_, train.std(axis=0), rtol=1e-12)
-    assert dm.covariate_scaler is None and dm.d_known == 0 and dm.d_observed == 0
+    np.testing.assert_allclose(dm.features.target_scaler.offset, train.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(dm.features.target_scaler.scale, train.std(axis=0), rtol=1e-12)
+    assert dm.features.covariate_scaler is None and dm.d_known == 0 and dm.d_observed == 0
     assert dm.target_names == COLUMNS
 
 

@@ -80,7 +80,7 @@ def test_model_folder_reproduces_training_forecasts(family, trained):
     assert len(merged) > 0
     if forecaster.contract.horizon > 0:
         assert len(merged) == len(out) == 2 * forecaster.contract.horizon * len(TARGETS)
-    np.testing.assert_allclose(merged.y_pred_new, merged.y_pred_train, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(merged.y_pred_new, merged.y_pred_train, rtol=1e-5, atol=1e-5)
     assert out.y_pred.notna().all()
 
 
@@ -151,7 +151,7 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
     cli_out[["origin_time", "target_time"]] = cli_out[["origin_time", "target_time"]].apply(pd.to_datetime)
     both = result.forecasts.merge(cli_out, on=KEYS, suffixes=("_train", "_cli"))
     assert len(both) == len(cli_out)
-    np.testing.assert_allclose(both.y_pred_cli, both.y_pred_train, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(both.y_pred_cli, both.y_pred_train, rtol=1e-5, atol=1e-5)
 
 
 def test_predict_py_takes_a_run_folder_and_reports_bad_input(trained, tmp_path):

@@ -126,7 +126,7 @@ def test_error_quantile_baseline_is_persistence_plus_its_validation_errors():
     dm = instantiate(cfg.data)
     dm.setup()
     baseline = ErrorQuantiles(Persistence())
-    baseline.fit_errors(dm)
+    baseline.fit_errors(dm.val_dataloader(), reconstruction=False)
     val = dm.datasets["val"]
     errors = np.stack(
         [val[i]["fut_target"] - val[i]["hist_target"][-1:] for i in range(len(val))]

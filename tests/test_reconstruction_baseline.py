@@ -57,6 +57,7 @@ def fit_and_test(static_categorical_cols=()) -> tuple[TimeSeriesDataModule, dict
         warmup_steps=1,
         static_vocab_sizes=dm.static_vocab_sizes,
     )
+    task.set_target_scaling(dm.features.target_scaler)
     trainer = L.Trainer(
         max_epochs=1,
         limit_train_batches=1,

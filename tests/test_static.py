@@ -44,7 +44,7 @@ def make_dm(df, **kw):
 def test_static_values_reach_every_window_of_their_series():
     dm = make_dm(plant_with_statics())
     assert dm.d_static_num == 1
-    assert dm.static_vocabularies == {"kind": ["A", "B"], "series_id": ["0", "1", "2"]}
+    assert dm.features.static_vocabularies == {"kind": ["A", "B"], "series_id": ["0", "1", "2"]}
     assert dm.static_vocab_sizes == [3, 4]  # + the 'unseen' code 0
     batch = next(iter(dm.test_dataloader()))
     info = dm.window_info("test")
@@ -121,7 +121,7 @@ def test_model_folder_carries_the_statics_to_prediction(in_tmp, tmp_path, caplog
     out = forecaster.predict(table)
     both = result.forecasts.merge(out, on=["series_id", "origin_time", "target_time", "step", "variable"])
     assert len(both) == len(out) == 3 * 30 * 2
-    np.testing.assert_allclose(both.y_pred_y, both.y_pred_x, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(both.y_pred_y, both.y_pred_x, rtol=1e-5, atol=1e-5)
     # a new series of an unseen kind: forecast with the 'unseen' embeddings, and a warning naming them
     new = table[table.series_id == 2].assign(series_id=7, kind="Z")
     with caplog.at_level(logging.WARNING):

@@ -73,7 +73,7 @@ def test_train_py_end_to_end(family, in_tmp):
         "plots/error_by_step.png",
         "plots/attention.png",
         "forecasts/forecasts.csv",
-        "scalers/target_scaler.joblib",
+        "scalers/features.json",
         "checkpoints/best.ckpt",
         "config/resolved.yaml",
     ]:

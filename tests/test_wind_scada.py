@@ -19,10 +19,9 @@ from mlflow import MlflowClient
 
 from conftest import TINY
 from tsformer.data import ForecastNoise, TimeSeriesDataModule, find_segments, load_wind_scada, wind_scada
-from tsformer.data.forecast_noise import scaler_affine
 from tsformer.data.simulators import power_curve
 from tsformer.data.wind_scada import URL
-from tsformer.tasks.baselines import PowerCurve
+from tsformer.tasks.baselines import PowerCurve, fit_baselines
 from tsformer.train import compose_config, run
 
 T1 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wind_turbine_scada" / "T1.csv"
@@ -73,8 +72,7 @@ def datamodule(frame: pd.DataFrame, noise: ForecastNoise | None = None) -> TimeS
 
 def to_original(dm, known: torch.Tensor) -> np.ndarray:
     """Scaled known channels (..., 3) -> wind speed, sin, cos in original units (..., 3)."""
-    scale, offset = scaler_affine(dm.covariate_scaler, len(KNOWN))
-    return known.numpy().astype(np.float64) * scale + offset
+    return dm.features.covariate_scaler.inverse(known.numpy().astype(np.float64))
 
 
 def windows(dm, split: str, n: int | None = None) -> dict[str, torch.Tensor]:
@@ -150,7 +148,7 @@ def test_power_curve_baseline_on_a_synthetic_turbine(noisy_and_clean):
     assert noisy.d_known == 3 and "theoretical_power" in noisy.frame.columns
 
     baseline = PowerCurve()
-    baseline.fit(noisy)
+    fit_baselines([baseline], noisy.datasets["train"], noisy.features, noisy.frame)
     rows = np.unique(noisy.datasets["train"].target_rows())
     speed = noisy.frame["wind_speed"].to_numpy()[rows]
     error = np.abs(baseline.curve(speed) - noisy.frame["theoretical_power"].to_numpy()[rows])
@@ -158,7 +156,7 @@ def test_power_curve_baseline_on_a_synthetic_turbine(noisy_and_clean):
 
     # predictions: the curve at the (noisy) future wind of the batch, in scaled target units
     batch = windows(noisy, "test", 64)
-    pred = noisy.inverse_transform_target(baseline.predict(batch))  # (B, M, 1) kW
+    pred = noisy.features.inverse_target(baseline.predict(batch))  # (B, M, 1) kW
     future_speed = to_original(noisy, batch["fut_known"])[..., 0]
     np.testing.assert_allclose(pred[..., 0].numpy(), baseline.curve(future_speed), atol=0.1)
     assert pred.shape == batch["fut_target"].shape
@@ -246,7 +244,7 @@ def test_power_curve_reproduces_t1s_curve_on_train_rows(t1_config):
     dm = instantiate(t1_config.data)
     dm.setup()
     baseline = instantiate(t1_config.baselines.power_curve)
-    baseline.fit(dm)
+    fit_baselines([baseline], dm.datasets["train"], dm.features, dm.frame)
     rows = np.unique(dm.datasets["train"].target_rows())
     speed = dm.frame["wind_speed"].to_numpy()[rows]
     error = np.abs(baseline.curve(speed) - dm.frame["theoretical_power"].to_numpy()[rows])

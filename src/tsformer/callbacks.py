@@ -5,8 +5,9 @@ Built once from the run's config (`train.run`), it
   the loggers, in the first process only (under DDP the others would race creating the database);
 - opens the MLflow run when the fit starts (config, tags, `n_params`) or reopens a resumed one;
 - logs `fit/seconds` and `fit/steps` when the fit ends;
-- logs the outputs after the test (`log_outputs`: forecasts, scalers, best checkpoint, figures,
-  each test window's MSE, the pyfunc model) and ends the run FINISHED;
+- logs the outputs after the test (`log_outputs`: forecasts, the fitted feature pipeline
+  `scalers/features.json`, best checkpoint, figures, each test window's MSE, the pyfunc model) and
+  ends the run FINISHED;
 - ends it KILLED (SIGTERM, Ctrl+C: `resume.stopped_on_request`) or FAILED on any error raised inside
   `recording()`. Lightning's `on_exception` cannot do this: Lightning calls it before its own
   `logger.finalize("failed")`, which would turn KILLED into FAILED, and it never sees the errors
@@ -20,7 +21,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import joblib
 import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
@@ -29,7 +29,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
-from tsformer.export import forecasts_frame, mae_by_step, select_levels
+from tsformer.data.features import FeaturePipeline
+from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_json
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
@@ -87,7 +88,7 @@ class MLflowRun(Callback):
             return
         tested = task.test_outputs  # pred, true, valid, baseline arrays in window order
         files = [("forecasts", f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
-        files += _scaler_files(datamodule, Path(self.cfg.paths.output_dir) / "scalers")
+        files += _scaler_files(datamodule.features, Path(self.cfg.paths.output_dir) / "scalers")
         if best_ckpt:
             files.append(("checkpoints", Path(best_ckpt)))
         tracking.log_files(self.logger, files)
@@ -172,16 +173,11 @@ def _fill_in_loggers(cfg: DictConfig, run_name: str, resumed: resume.Resume | No
                     entry.run_id = resumed.run_id
 
 
-def _scaler_files(datamodule, folder: Path) -> list[tuple[str, Path]]:
-    """The data module's fitted scalers, written to `folder`: (artifact folder, local file) pairs."""
-    folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for name in ("target_scaler", "covariate_scaler"):
-        scaler = getattr(datamodule, name)
-        if scaler is not None:
-            joblib.dump(scaler, folder / f"{name}.joblib")
-            files.append(("scalers", folder / f"{name}.joblib"))
-    return files
+def _scaler_files(features: FeaturePipeline, folder: Path) -> list[tuple[str, Path]]:
+    """The fitted feature pipeline (scalers as numbers, vocabularies) as `folder`/features.json:
+    (artifact folder, local file) pairs."""
+    path = write_json(features.to_dict(), folder / "features.json")
+    return [("scalers", path)]
 
 
 def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:

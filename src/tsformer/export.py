@@ -17,6 +17,7 @@ step, variable), original units, as calibrated (the paths the quantile columns a
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def forecasts_frame(
         valid = None if valid is None else np.asarray(valid)[windows]
         quantiles_scaled = None if quantiles_scaled is None else quantiles_scaled[windows]
         W = len(info)
-    pred = datamodule.inverse_transform_target(pred_scaled)  # (W, T, Dy) original units
-    true = datamodule.inverse_transform_target(true_scaled)
+    pred = datamodule.features.inverse_target(pred_scaled)  # (W, T, Dy) original units
+    true = datamodule.features.inverse_target(true_scaled)
     if valid is not None:
         true = np.where(np.asarray(valid)[..., None], true, np.nan)  # nobody measured a filled step
     # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
@@ -64,7 +65,7 @@ def forecasts_frame(
     keys = _key_columns(datamodule, info, target_times, w, t, v)
     frame = pd.DataFrame({**keys, "y_true": true.reshape(-1), "y_pred": pred.reshape(-1)}, columns=COLUMNS)
     if quantiles_scaled is not None:
-        q = datamodule.inverse_transform_target(
+        q = datamodule.features.inverse_target(
             np.moveaxis(quantiles_scaled, -1, -2)
         )  # (W, T, K, Dy) original
         frame = with_quantile_columns(frame, np.moveaxis(q, -2, -1), levels)
@@ -108,6 +109,11 @@ def write_parquet(frame: pd.DataFrame, path: str | Path) -> Path:
     return _write_atomically(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def write_json(value, path: str | Path) -> Path:
+    """Write `value` as indented JSON, atomically, as `write_csv`."""
+    return _write_atomically(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2)))
+
+
 def _write_atomically(path: str | Path, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,7 +131,7 @@ def paths_frame(datamodule, split: str, paths_scaled: np.ndarray) -> pd.DataFram
     W, S, T, Dy = paths_scaled.shape
     if len(info) != W or target_times.shape != (W, T):
         raise ValueError(f"{W} windows of {T} steps of paths, but the {split} split has {target_times.shape}")
-    values = datamodule.inverse_transform_target(paths_scaled)  # (W, S, T, Dy) original units
+    values = datamodule.features.inverse_target(paths_scaled)  # (W, S, T, Dy) original units
     # rows ordered window -> path -> step -> variable
     w, s, t, v = (i.ravel() for i in np.meshgrid(*(np.arange(n) for n in (W, S, T, Dy)), indexing="ij"))
     keys = _key_columns(datamodule, info, target_times, w, t, v)
@@ -139,7 +145,7 @@ def mae_by_step(
     `variable, step, mae` (steps numbered as in the CSV; filled steps not scored). From the arrays,
     so that it needs no CSV-sized frame (ETTm1 at H=720: 56 million rows)."""
     err = np.abs(
-        datamodule.inverse_transform_target(pred_scaled) - datamodule.inverse_transform_target(true_scaled)
+        datamodule.features.inverse_target(pred_scaled) - datamodule.features.inverse_target(true_scaled)
     )  # (W, T, Dy)
     if valid is not None:
         err = np.where(np.asarray(valid)[..., None], err, np.nan)

@@ -1,10 +1,11 @@
 """A trained model as a self-contained folder, and forecasts of the real future from a new table.
 
 Training writes the folder with `save_model_folder` (train.py does it for every run):
-- `tsformer.json`: the task class and its hyperparameters (network sizes, window), the data contract
-  (time, series, target, known-future and past-only columns, frequency, calendar features, how the
-  training file was written: time format, CSV options) and the scalers fitted on the train rows, as
-  plain numbers;
+- `tsformer.json`: the task class and its hyperparameters (network sizes, window), the data contract:
+  training's feature pipeline (`data/features.py`: column roles, calendar features, the scalers
+  fitted on the train rows as plain numbers, static vocabularies; `predict` builds its batches with
+  it, as training did), the series column, frequency, window and how the training file was written
+  (time format, CSV options);
 - `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
 Nothing in it is pickled Python and nothing refers to Hydra or to `conf/`: `Forecaster.load(folder)`
 needs only the installed package. It checks the folder before using it: every key and type of
@@ -37,7 +38,7 @@ import logging
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,9 +46,8 @@ import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
 
-from tsformer.data.calendar import CALENDAR_FEATURES, calendar_feature_names, calendar_features
-from tsformer.data.datamodule import static_codes
-from tsformer.data.forecast_noise import scaler_affine
+from tsformer.data.calendar import CALENDAR_FEATURES, calendar_feature_names
+from tsformer.data.features import FeaturePipeline
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
 from tsformer.export import COLUMNS, _write_atomically, with_quantile_columns
@@ -60,55 +60,35 @@ CONFIG_FILE = "tsformer.json"
 WEIGHTS_FILE = "weights.pt"
 
 
-@dataclass
-class Affine:
-    """A fitted per-column scaler as numbers: original = scaled * scale + offset."""
+@dataclass(kw_only=True)
+class DataContract(FeaturePipeline):
+    """What a table must hold for the model: training's feature pipeline (its fields come first in
+    the JSON) and the series column, frequency, window and how the training file was read."""
 
-    scale: list[float]
-    offset: list[float]
-
-    @classmethod
-    def of(cls, scaler, n_columns: int) -> Affine:
-        scale, offset = scaler_affine(scaler, n_columns)
-        return cls(scale=[float(s) for s in scale], offset=[float(o) for o in offset])
-
-    def transform(self, values: np.ndarray) -> np.ndarray:
-        return (values - np.asarray(self.offset)) / np.asarray(self.scale)
-
-    def inverse(self, values: np.ndarray) -> np.ndarray:
-        return values * np.asarray(self.scale) + np.asarray(self.offset)
-
-
-@dataclass
-class DataContract:
-    """What a table must hold for the model, and how its values were scaled in training."""
-
-    time_col: str
     series_col: str | None
-    target_cols: list[str]
-    known_cols: list[str]
-    observed_cols: list[str]
-    calendar: list[str]
     freq: str  # pandas offset alias, e.g. "10min"
     context_len: int
     horizon: int
-    target_scaler: Affine
-    covariate_scaler: Affine | None  # known then observed columns; None when there are none
-    static_cols: list[str] = field(default_factory=list)
-    static_categorical_cols: list[str] = field(default_factory=list)
-    static_scaler: Affine | None = None
-    static_vocabularies: dict[str, list[str]] = field(default_factory=dict)  # categories seen in training
     fill: str | None = None  # data.fill: how short gaps are closed (None: a gap is an error here)
     max_fill_steps: int = 0
     time_format: str | None = None  # data.time_format: strftime format of text times (None: inferred)
     csv: dict = field(default_factory=dict)  # data.csv: pandas.read_csv options of the training file
 
     @classmethod
-    def from_dict(cls, d: dict) -> DataContract:
-        d = dict(d)
-        for key in ("target_scaler", "covariate_scaler", "static_scaler"):
-            d[key] = Affine(**d[key]) if d.get(key) else None
-        return cls(**d)
+    def of(cls, datamodule) -> DataContract:
+        """The contract of a set-up data module: its fitted pipeline, window and reading options."""
+        features = datamodule.features
+        return cls(
+            **{f.name: getattr(features, f.name) for f in fields(FeaturePipeline)},
+            series_col=datamodule.schema.series_col,
+            freq=datamodule.freq.freqstr,
+            context_len=datamodule.context_len,
+            horizon=datamodule.horizon,
+            fill=datamodule.fill,
+            max_fill_steps=datamodule.max_fill_steps,
+            time_format=datamodule.schema.time_format,
+            csv=dict(datamodule.csv),
+        )
 
     @property
     def schema(self) -> SeriesSchema:
@@ -155,31 +135,7 @@ def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> 
     """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    schema = datamodule.schema
-    n_cov = len(schema.known_cols) + len(schema.observed_cols)
-    contract = DataContract(
-        time_col=schema.time_col,
-        series_col=schema.series_col,
-        target_cols=list(schema.target_cols),
-        known_cols=list(schema.known_cols),
-        observed_cols=list(schema.observed_cols),
-        calendar=list(datamodule.calendar),
-        freq=datamodule.freq.freqstr,
-        context_len=datamodule.context_len,
-        horizon=datamodule.horizon,
-        target_scaler=Affine.of(datamodule.target_scaler, datamodule.d_target),
-        covariate_scaler=Affine.of(datamodule.covariate_scaler, n_cov) if n_cov else None,
-        static_cols=list(schema.static_cols),
-        static_categorical_cols=list(schema.static_categorical_cols),
-        static_scaler=Affine.of(datamodule.static_scaler, datamodule.d_static_num)
-        if schema.static_cols
-        else None,
-        static_vocabularies=dict(datamodule.static_vocabularies),
-        fill=datamodule.fill,
-        max_fill_steps=datamodule.max_fill_steps,
-        time_format=datamodule.schema.time_format,
-        csv=dict(datamodule.csv),
-    )
+    contract = DataContract.of(datamodule)
     task_class = type(task)
     config = ModelConfig(
         format_version=FORMAT_VERSION,
@@ -521,6 +477,7 @@ class Forecaster:
         contract = DataContract.from_dict(config["data"])
         _check_contract(contract, dict(task.hparams), config_path)
         _load_weights(task, folder / WEIGHTS_FILE)
+        task.set_target_scaling(contract.target_scaler)
         return cls(task, contract, ModelInfo(**config["info"]))
 
     # -- prediction -------------------------------------------------------------------------------
@@ -548,14 +505,12 @@ class Forecaster:
                 self.task.forecast_with_quantiles(_slice(batch, i, i + 256), levels)
                 for i in range(0, len(windows), 256)
             ]
-        pred = c.target_scaler.inverse(torch.cat([p for p, _ in parts]).double().numpy())  # (W, T_out, Dy)
+        pred = c.inverse_target(torch.cat([p for p, _ in parts]).double().numpy())  # (W, T_out, Dy)
         frame = self._frame(clean, windows, times, pred)
         if parts[0][1] is None:  # a point head
             return frame
         q = torch.cat([q for _, q in parts]).double().numpy()  # (W, T_out, Dy, K) scaled
-        q = np.moveaxis(
-            c.target_scaler.inverse(np.moveaxis(q, -1, -2)), -2, -1
-        )  # original units (positive scale)
+        q = np.moveaxis(c.inverse_target(np.moveaxis(q, -1, -2)), -2, -1)  # original units (positive scale)
         return with_quantile_columns(frame, q[self._kept(windows, pred.shape[1])], levels)
 
     def _validate(self, table: pd.DataFrame, source: str, time_format: str | None) -> pd.DataFrame:
@@ -697,40 +652,26 @@ class Forecaster:
         starts = np.array([w[1] for w in windows])
         idx = starts[:, None] + np.arange(n + m)  # (W, N + M) rows of `clean`
         times = clean[c.time_col].to_numpy()[idx]  # (W, N + M)
-        target = c.target_scaler.transform(clean[c.target_cols].to_numpy(np.float64))  # (rows, Dy)
-        covariates = clean[[*c.known_cols, *c.observed_cols]].to_numpy(np.float64)  # (rows, Dk + Do)
-        if c.covariate_scaler is not None:
-            covariates = c.covariate_scaler.transform(covariates)
-        known, observed = covariates[:, : len(c.known_cols)], covariates[:, len(c.known_cols) :]
-        if c.calendar:
-            known = np.hstack([known, calendar_features(clean[c.time_col], c.calendar).to_numpy()])
-        static_num = clean[c.static_cols].to_numpy(np.float64)  # (rows, S_num)
-        if c.static_scaler is not None:
-            static_num = c.static_scaler.transform(static_num)
-        static_cat = np.zeros((len(clean), len(c.static_categorical_cols)), dtype=np.int64)  # (rows, S_cat)
-        for j, col in enumerate(c.static_categorical_cols):
-            static_cat[:, j] = static_codes(clean[col].astype(str), c.static_vocabularies[col])
-            unseen = sorted(set(clean[col].astype(str)[static_cat[:, j] == 0]))
-            if unseen:  # allowed (a new turbine), but the model knows nothing specific about it
-                log.warning(
-                    "static column '%s': %s not seen in training; they share the 'unseen' embedding",
-                    col,
-                    unseen,
-                )
+        rows = c.transform(clean)  # every row's numbers, as training computed them
+        for col, unseen in c.unseen_categories(clean).items():
+            # allowed (a new turbine), but the model knows nothing specific about it
+            log.warning(
+                "static column '%s': %s not seen in training; they share the 'unseen' embedding", col, unseen
+            )
 
         def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:
             return torch.as_tensor(values[idx[:, lo:hi]], dtype=torch.float32)  # (W, hi - lo, D)
 
         batch = {  # a reconstruction window (m = 0) is all "history"
-            "hist_target": part(target, 0, n),
-            "hist_known": part(known, 0, n),
-            "hist_observed": part(observed, 0, n),
+            "hist_target": part(rows.target, 0, n),
+            "hist_known": part(rows.known, 0, n),
+            "hist_observed": part(rows.observed, 0, n),
             # the future targets and past-only covariates are unknown: NaN, so any use would show
             "fut_target": torch.full((len(windows), m, len(c.target_cols)), float("nan")),
-            "fut_known": part(known, n, n + m),
+            "fut_known": part(rows.known, n, n + m),
             "fut_observed": torch.full((len(windows), m, len(c.observed_cols)), float("nan")),
-            "static_num": torch.as_tensor(static_num[starts], dtype=torch.float32),  # (W, S_num)
-            "static_cat": torch.as_tensor(static_cat[starts], dtype=torch.int64),  # (W, S_cat)
+            "static_num": torch.as_tensor(rows.static_num[starts]),  # (W, S_num)
+            "static_cat": torch.as_tensor(rows.static_cat[starts]),  # (W, S_cat)
         }
         if m == 0:  # reconstruction reads only the inputs: blank the targets for the same reason
             batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))

@@ -121,9 +121,10 @@ def _instantiate_settings(node: DictConfig, **kwargs):
 
 
 def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
-    """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels;
-    `baselines`: extra ones, beside the naive baseline."""
-    return _instantiate_settings(
+    """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels, with
+    its target scaling (for the metrics in original units); `baselines`: extra ones, beside the
+    naive baseline."""
+    task = _instantiate_settings(
         model_cfg,
         _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
         d_target=datamodule.d_target,
@@ -134,6 +135,8 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
         target_names=datamodule.target_names,
         baselines=baselines,
     )
+    task.set_target_scaling(datamodule.features.target_scaler)
+    return task
 
 
 def run(cfg: DictConfig) -> RunResult | None:

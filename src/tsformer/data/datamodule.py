@@ -6,8 +6,9 @@ Data flow in `setup`:
 2. split chronologically on the shared time axis: cut-off timestamps `val_start` and `test_start`
    (explicit, or from the fractions of distinct timestamps), the same calendar time for every series;
 3. look for absurd values in the train rows (`outliers.py`; `outliers`: warn | error | ignore), then
-   fit scalers on the train rows only (one for targets, one for known + observed covariates; the
-   calendar channels are already in [-1, 1] and stay unscaled), transform all rows once;
+   fit the feature pipeline on the train rows only (`features.py`: scalers for targets, for known +
+   observed covariates and for static numbers; the calendar channels, already in [-1, 1], stay
+   unscaled; static category codes), transform all rows once;
 4. cut windows by index. A window belongs to the split that holds ALL its target steps (forecast:
    the M future steps; reconstruction: the N window steps). A val/test forecast window's history
    may reach back into earlier splits, as in the usual ETT protocol: the past is known at forecast
@@ -34,10 +35,10 @@ import numpy as np
 import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
-from sklearn.preprocessing import FunctionTransformer, MinMaxScaler, StandardScaler
 from torch.utils.data import DataLoader, DistributedSampler
 
-from tsformer.data.calendar import calendar_feature_names, calendar_features
+from tsformer.data.calendar import calendar_feature_names
+from tsformer.data.features import FeaturePipeline, check_scaler
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.outliers import check_outliers, outlier_mode
 from tsformer.data.schema import (
@@ -61,12 +62,6 @@ SPLITS = ("train", "val", "test")
 def _step_name(step: np.timedelta64) -> str:
     """A step as a pandas frequency alias: '10min', 'h'."""
     return to_offset(pd.Timedelta(step)).freqstr
-
-
-def static_codes(values, vocabulary: list[str]) -> np.ndarray:
-    """Category codes: 1 + position in `vocabulary`, 0 for a category not in it."""
-    lookup = {category: i + 1 for i, category in enumerate(vocabulary)}
-    return np.array([lookup.get(str(v), 0) for v in values], dtype=np.int64)
 
 
 class EpochShuffle(DistributedSampler):
@@ -111,17 +106,6 @@ class EvalShard(DistributedSampler):
 
     def __iter__(self):
         return iter(self.order.tolist())
-
-
-def make_scaler(kind: str):
-    """A fresh scikit-learn scaler: 'standard' (zero mean, unit variance), 'minmax' ([0, 1]) or 'none'."""
-    if kind == "standard":
-        return StandardScaler()
-    if kind == "minmax":
-        return MinMaxScaler()
-    if kind == "none":
-        return FunctionTransformer()  # identity, with the same fit/transform/inverse_transform API
-    raise ValueError(f"unknown scaler {kind!r}; choose 'standard', 'minmax' or 'none'")
 
 
 class TimeSeriesDataModule(L.LightningDataModule):
@@ -188,8 +172,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             raise ValueError(f"need context_len >= 1 and horizon >= 0, got {context_len} and {horizon}")
         self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
         self.val_start, self.test_start = val_start, test_start
-        make_scaler(scaler)  # fail now on a typo, not after reading the data
-        self.scaler_kind = scaler
+        self.scaler_kind = check_scaler(scaler)  # fail now on a typo, not after reading the data
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.train_stride, self.eval_stride = int(train_stride), int(eval_stride)
         self.num_workers, self.seed = int(num_workers), int(seed)
@@ -207,11 +190,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if overlap:
             raise ValueError(f"extra_cols {overlap} already have a role in the model's columns")
 
-        self.target_scaler = None
-        self.covariate_scaler = None  # None when there are no known/observed columns
-        self.static_scaler = None  # None when there are no static_cols
-        # per static categorical column, its categories seen in the train rows; code 0 = unseen
-        self.static_vocabularies: dict[str, list[str]] = {}
+        self.features: FeaturePipeline | None = None  # fitted on the train rows by setup()
         self.frame: pd.DataFrame | None = None  # validated table + extra_cols, sorted by (series, time)
         self.datasets: dict[str, WindowDataset] = {}
         self._freq = None
@@ -251,7 +230,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
     def static_vocab_sizes(self) -> list[int]:
         """Embedding table sizes of the static categorical columns: categories + 1 (unseen)."""
         self.setup()
-        return [len(self.static_vocabularies[c]) + 1 for c in self.schema.static_categorical_cols]
+        return self.features.static_vocab_sizes
 
     @property
     def freq(self) -> pd.DateOffset:
@@ -272,7 +251,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
     # -- setup -----------------------------------------------------------------------------------
 
     def setup(self, stage: str | None = None) -> None:
-        """Validate, split, fit scalers on train rows, build the three window datasets. Idempotent."""
+        """Validate, split, fit the feature pipeline on train rows, build the three window datasets.
+        Idempotent."""
         if self.datasets:
             return
         source = self.source_name
@@ -307,10 +287,22 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
         profiled = [*self.schema.value_cols, *self.schema.static_cols]  # the columns the scalers see
         check_outliers(clean[(split_of_row == 0) & ~filled], profiled, source, self.outliers)
-        target, known, observed = self._scale(clean, times, split_of_row == 0)
-        static_num, static_cat = self._static(clean, split_of_row == 0)
+        schema = self.schema
+        features = FeaturePipeline.fit(
+            clean,
+            split_of_row == 0,
+            scaler=self.scaler_kind,
+            time_col=schema.time_col,
+            target_cols=schema.target_cols,
+            known_cols=schema.known_cols,
+            observed_cols=schema.observed_cols,
+            calendar=self.calendar,
+            static_cols=schema.static_cols,
+            static_categorical_cols=schema.static_categorical_cols,
+        )
+        arrays = features.transform(clean)
         if self.future_known_noise is not None:
-            self.future_known_noise.bind(self.schema.known_cols, self.covariate_scaler)
+            self.future_known_noise.bind(schema.known_cols, features.covariate_scaler)
         self.frame = clean
         self._times = times
         self._series = series_ids(clean, self.schema)
@@ -325,18 +317,19 @@ class TimeSeriesDataModule(L.LightningDataModule):
             noise = self.future_known_noise  # each split's windows get their own forecast errors
             transform = partial(noise, split=i) if noise is not None else None
             datasets[split] = WindowDataset(
-                target,
-                known,
-                observed,
+                arrays.target,
+                arrays.known,
+                arrays.observed,
                 starts,
                 self.context_len,
                 self.horizon,
                 fut_known_transform=transform,
-                static_num=static_num,
-                static_cat=static_cat,
+                static_num=arrays.static_num,
+                static_cat=arrays.static_cat,
                 valid=~filled,
                 series=series_codes,
             )
+        self.features = features
         self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
 
         log.info(
@@ -387,42 +380,6 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if test < val:
             raise ValueError(f"test_start {pd.Timestamp(test)} is before val_start {pd.Timestamp(val)}")
         return np.array([distinct[0], val, test, after_end], dtype="datetime64[ns]")
-
-    def _scale(self, clean: pd.DataFrame, times: np.ndarray, is_train: np.ndarray):
-        """Fit the scalers on train rows, transform every row; returns float32 (rows, D) arrays."""
-        covariate_cols = [*self.schema.known_cols, *self.schema.observed_cols]
-        target_values = clean[self.schema.target_cols].to_numpy(dtype=np.float64)  # (rows, Dy)
-        self.target_scaler = make_scaler(self.scaler_kind).fit(target_values[is_train])
-        target = self.target_scaler.transform(target_values)
-
-        covariates = clean[covariate_cols].to_numpy(dtype=np.float64)  # (rows, Dk + Do)
-        if covariate_cols:
-            self.covariate_scaler = make_scaler(self.scaler_kind).fit(covariates[is_train])
-            covariates = self.covariate_scaler.transform(covariates)
-        n_known = len(self.schema.known_cols)
-        known, observed = covariates[:, :n_known], covariates[:, n_known:]
-        if self.calendar:
-            known = np.hstack([known, calendar_features(times, self.calendar).to_numpy()])  # (rows, Dk)
-
-        def as_f32(a):
-            return np.ascontiguousarray(a, dtype=np.float32)
-
-        return as_f32(target), as_f32(known), as_f32(observed)
-
-    def _static(self, clean: pd.DataFrame, is_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: static numbers scaled on the train rows `(rows, S_num)` float32, and static
-        categories as codes `(rows, S_cat)` int64 (1.. for categories of the train rows, 0 for others)."""
-        numbers = clean[self.schema.static_cols].to_numpy(dtype=np.float64)  # (rows, S_num)
-        if self.schema.static_cols:
-            self.static_scaler = make_scaler(self.scaler_kind).fit(numbers[is_train])
-            numbers = self.static_scaler.transform(numbers)
-        codes = np.zeros((len(clean), len(self.schema.static_categorical_cols)), dtype=np.int64)
-        for j, col in enumerate(self.schema.static_categorical_cols):
-            values = clean[col].astype(str).to_numpy()
-            vocabulary = sorted(set(values[is_train]))
-            self.static_vocabularies[col] = vocabulary
-            codes[:, j] = static_codes(values, vocabulary)
-        return np.ascontiguousarray(numbers, dtype=np.float32), codes
 
     def _no_window_error(self, source, split, in_split: np.ndarray, clean) -> DataValidationError:
         offset, n_target = target_span(self.context_len, self.horizon)
@@ -561,26 +518,3 @@ class TimeSeriesDataModule(L.LightningDataModule):
         """Timestamps of the target steps, (W, T_out) datetime64[ns]; = origin_time + step * freq with
         step 1..M (forecast) or 0..N-1 (reconstruction), since windows never span a gap."""
         return self._times[self._dataset(split).target_rows()]  # (W, T_out)
-
-    def transform_target(self, values):
-        """Original units -> scaled, for numpy arrays or tensors shaped (..., Dy)."""
-        return self._apply_target_scaler(values, inverse=False)
-
-    def inverse_transform_target(self, values):
-        """Scaled -> original units, for numpy arrays or tensors shaped (..., Dy)."""
-        return self._apply_target_scaler(values, inverse=True)
-
-    def _apply_target_scaler(self, values, inverse: bool):
-        self.setup()
-        is_tensor = torch.is_tensor(values)
-        array = values.detach().cpu().numpy() if is_tensor else np.asarray(values)
-        if array.shape[-1] != self.d_target:
-            raise ValueError(f"last dimension must be d_target={self.d_target}, got shape {array.shape}")
-        flat = array.reshape(-1, self.d_target).astype(np.float64)  # (..., Dy) -> (rows, Dy)
-        if len(flat):
-            scaler = self.target_scaler
-            flat = scaler.inverse_transform(flat) if inverse else scaler.transform(flat)
-        out = flat.reshape(array.shape)  # (rows, Dy) -> (..., Dy)
-        if is_tensor:
-            return torch.as_tensor(out, dtype=values.dtype, device=values.device)
-        return out.astype(array.dtype) if array.dtype.kind == "f" else out

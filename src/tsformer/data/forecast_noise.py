@@ -26,17 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
-def scaler_affine(scaler, n_features: int) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, offset) with original = scaled * scale + offset, per column of a per-column affine scaler.
-
-    Read off the scaler by inverse-transforming 0 and 1, so standard, min-max and identity scalers
-    all work without knowing which one it is.
-    """
-    zeros = np.zeros((1, n_features))
-    offset = scaler.inverse_transform(zeros)[0]
-    scale = scaler.inverse_transform(zeros + 1.0)[0] - offset
-    return scale, offset
+from tsformer.data.features import Affine
 
 
 class ForecastNoise:
@@ -108,11 +98,12 @@ class ForecastNoise:
 
     # -- on the scaled window arrays ---------------------------------------------------------------
 
-    def bind(self, scaled_known_cols: list[str], covariate_scaler) -> None:
+    def bind(self, scaled_known_cols: list[str], covariate_scaler: Affine) -> None:
         """Find the columns in the known covariates and how to un-scale them (called by the DataModule).
 
-        `scaled_known_cols` are the known columns the covariate scaler was fitted on, in order (they
-        come first in the known array and in the scaler; calendar channels follow, unscaled).
+        `scaled_known_cols` are the known columns the covariate scaler (`FeaturePipeline`'s) was
+        fitted on, in order (they come first in the known array and in the scaler; calendar channels
+        follow, unscaled).
         """
         names = [self.speed_col, *self.direction_cols]
         missing = [c for c in names if c not in scaled_known_cols]
@@ -121,7 +112,7 @@ class ForecastNoise:
                 f"forecast noise needs {missing} among the known covariates {list(scaled_known_cols)}"
             )
         columns = np.array([scaled_known_cols.index(c) for c in names])
-        scale, offset = scaler_affine(covariate_scaler, covariate_scaler.n_features_in_)
+        scale, offset = np.asarray(covariate_scaler.scale), np.asarray(covariate_scaler.offset)
         self._columns, self._scale, self._offset = columns, scale[columns], offset[columns]
 
     def __call__(self, fut_known: torch.Tensor, *, split: int, row: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ lives here once:
 - validation: `val/loss` (the training loss) and `val/mse`, `val/mae` of real predictions (for the
   autoregressive families: generated, feeding predictions back), monitored for checkpoints;
 - test: `test/mse`, `test/mae` on scaled values (the literature's convention), `test/mae_orig`,
-  `test/rmse_orig` in original units (also per target variable), and the same for the naive
+  `test/rmse_orig` in original units (also per target variable; the target scaling arrives as
+  tensors, `set_target_scaling`, so they are computed on the device), and the same for the naive
   baseline on the same windows (`test/baseline_*`) and for any extra baselines
   (`test/<name>_*`, see `baselines.py`); predictions of every window kept for the export;
 - with a distribution head, the probabilistic test metrics (`test/crps`, `test/pinball`,
@@ -40,10 +41,10 @@ import numpy as np
 import torch
 from torchmetrics import MeanAbsoluteError, MeanMetric, MeanSquaredError, MetricCollection
 
-from tsformer.data.forecast_noise import scaler_affine
+from tsformer.data.features import Affine
 from tsformer.nn.attention import collect_attention, stack_query_rows
 from tsformer.nn.heads import build_head
-from tsformer.tasks.baselines import ErrorQuantiles, Persistence
+from tsformer.tasks.baselines import ErrorQuantiles, Persistence, fit_baselines
 from tsformer.tasks.model_options import ModelOptions
 from tsformer.tasks.probabilistic import (
     BAND_LEVELS,
@@ -130,6 +131,11 @@ class WindowTask(L.LightningModule):
         self.options = ModelOptions(d_target, revin, revin_affine, channel_independent)
         self.d_target_net = self.options.d_target_net  # target channels the network reads: 1 with CI
         self.net = self.build_net(dict(net))
+        # original = scaled * scale + offset per target variable (`set_target_scaling`); NaN until set,
+        # not saved with the weights: it belongs to the data (the model folder keeps it as numbers)
+        unset = torch.full((d_target,), math.nan, dtype=torch.float64)
+        self.register_buffer("target_scale", unset, persistent=False)
+        self.register_buffer("target_offset", unset.clone(), persistent=False)
 
         scaled = MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})
         orig = MetricCollection(
@@ -253,18 +259,30 @@ class WindowTask(L.LightningModule):
             dist = dist.with_spread_scale(self.spread_scale.to(batch["hist_target"].dtype))
         return dist
 
+    def set_target_scaling(self, scaler: Affine) -> None:
+        """The data's target scaler (`FeaturePipeline.target_scaler`), for the metrics in original
+        units: set by `train.build_task` and `Forecaster.load`."""
+        scale, offset = scaler.tensors(self.target_scale.device)
+        self.target_scale.copy_(scale)
+        self.target_offset.copy_(offset)
+
+    def to_original_units(self, values: torch.Tensor) -> torch.Tensor:
+        """Scaled targets `(..., Dy)` -> original units, on their device (computed in float64)."""
+        return (values.double() * self.target_scale + self.target_offset).to(values.dtype)
+
     @torch.no_grad()
-    def calibrate_spread(self, datamodule) -> None:
+    def calibrate_spread(self, val_batches, val_target_times: np.ndarray) -> None:
         """Fit the spread calibration on every validation window (`tasks/probabilistic.py`): per
         step and target variable, the factor about the median that makes the central 80% interval
         cover 80% of them (`spread_scale` until the test moves on, if rolling). Without
-        `model.head.calibrate`, the spread stays as trained (factor 1)."""
+        `model.head.calibrate`, the spread stays as trained (factor 1). `val_batches`: the
+        validation loader; `val_target_times` `(W_val, T)`: its windows' target times."""
         self.spread_scale.fill_(1.0)
         self.spread_calibration = None
         if not self.head.calibrate:
             return
         needed, windows = [], []
-        for batch in datamodule.val_dataloader():
+        for batch in val_batches:
             batch = self.transfer_batch_to_device(batch, self.device, 0)
             raw = self.forecast_distribution(batch, calibrated=False)
             needed.append(self._spread_needed(raw, batch).cpu())
@@ -273,7 +291,7 @@ class WindowTask(L.LightningModule):
         # reconstruction has no forecast origin to roll with: the validation windows only
         window = self.head.calibration_window if self.hparams.horizon > 0 else None
         self.spread_calibration = SpreadCalibration(window, CENTRAL_80_COVERAGE)
-        known_at = datamodule.target_times("val")[torch.cat(windows).numpy()]  # (W_val, T)
+        known_at = val_target_times[torch.cat(windows).numpy()]  # (W_val, T)
         scale = self.spread_calibration.fit_validation(needed.numpy(), known_at)
         self.spread_scale.copy_(torch.as_tensor(scale))
         scored = needed[~needed.isnan()]
@@ -397,14 +415,19 @@ class WindowTask(L.LightningModule):
                 f"test on one process, not {self.trainer.world_size}: every test window is evaluated once "
                 "and exported from one process (train.py tests a multi-process fit with a one-device Trainer)"
             )
+        if bool(self.target_scale.isnan().any()):
+            raise RuntimeError(
+                "the task has no target scaling for its metrics in original units: call "
+                "task.set_target_scaling(datamodule.features.target_scaler) before the test"
+            )
         self._test_chunks = []
-        for baseline in self.baselines:
-            baseline.fit(self.trainer.datamodule)
+        dm = self.trainer.datamodule  # what the baselines and the calibration are fitted on
+        fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame)
         if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
-            self.prob_baseline.fit_errors(self.trainer.datamodule)
-            self.calibrate_spread(self.trainer.datamodule)  # the model's own spread, on the same windows
-            dm = self.trainer.datamodule
+            self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.hparams.horizon == 0)
+            # the model's own spread, on the same windows
+            self.calibrate_spread(dm.val_dataloader(), dm.target_times("val"))
             self._test_times = (dm.window_info("test")["origin_time"].to_numpy(), dm.target_times("test"))
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -422,9 +445,9 @@ class WindowTask(L.LightningModule):
         else:
             model_point = self.forecast(batch)
         preds = {"model": model_point} | baseline_preds
-        true_orig = self.trainer.datamodule.inverse_transform_target(true.float())
+        true_orig = self.to_original_units(true.float())
         for name, pred in preds.items():
-            pred_orig = self.trainer.datamodule.inverse_transform_target(pred.float())
+            pred_orig = self.to_original_units(pred.float())
             for metric_name, metric in self.test_metrics[name].items():  # scored on the valid steps only
                 if metric_name.endswith("_by_var"):  # (n_valid, Dy): one value per target variable
                     metric.update(pred_orig[valid], true_orig[valid])
@@ -453,19 +476,12 @@ class WindowTask(L.LightningModule):
         """Update `who`'s probabilistic metrics on the valid steps; return its quantiles at the
         report levels `(B, T, Dy, K)` (scaled units, for the export)."""
         per_element = scores(dist, true, self.head.levels)  # name -> (B, T, Dy), scaled units
-        to_orig = true.new_tensor(self._target_scale)  # (Dy,) original = scaled * scale + offset
+        to_orig = self.target_scale.abs().to(true.dtype)  # (Dy,) original = scaled * scale + offset
         per_element["crps_orig"] = per_element["crps"] * to_orig
         per_element["width_80_orig"] = per_element["width_80"] * to_orig
         for name, values in per_element.items():
             self.prob_metrics[who][name].update(values[valid])
         return dist.quantiles(self.report_levels)
-
-    @property
-    def _target_scale(self) -> list[float]:
-        """Per target variable, original units per scaled unit (the scalers are positive affine maps)."""
-        dm = self.trainer.datamodule
-        scale, _ = scaler_affine(dm.target_scaler, dm.d_target)
-        return [float(abs(s)) for s in scale]
 
     def on_test_epoch_end(self) -> None:
         values = {}

@@ -1,7 +1,10 @@
 """Baselines, measured on exactly the windows the model is tested on.
 
-A baseline has a `name` and a one-line `description` (printed under a run's summary), is fitted on the train split (`fit(datamodule)`) and predicts the target
-steps of a batch of windows in scaled units (`predict(batch) -> (B, T_out, Dy)`), like the task.
+A baseline has a `name` and a one-line `description` (printed under a run's summary), is fitted on
+the train split and predicts the target steps of a batch of windows in scaled units
+(`predict(batch) -> (B, T_out, Dy)`), like the task. `fit(train, features, table)` gets what it may
+use: the train `WindowDataset`, the data's `FeaturePipeline` and the columns of the table it names
+in `columns` (none but for `PowerCurve`), rows in the order of the datasets' arrays.
 Every run measures the naive baseline of its job (metrics `test/baseline_*`):
 - forecasting: `Persistence`, the last observed value repeated over the horizon;
 - state reconstruction: `PerRowRegressor(LinearRegression())`, inputs -> states one row at a time,
@@ -22,8 +25,19 @@ import torch
 from sklearn.base import clone
 from sklearn.linear_model import LinearRegression
 
-from tsformer.data.forecast_noise import scaler_affine
+from tsformer.data.features import FeaturePipeline
+from tsformer.data.windows import WindowDataset
 from tsformer.tasks.probabilistic import QuantileFunctionForecast
+
+
+def fit_baselines(
+    baselines: list, train: WindowDataset, features: FeaturePipeline, frame: pd.DataFrame
+) -> None:
+    """Fit each baseline on the train windows, with the columns of `frame` (the validated table,
+    rows as in the datasets' arrays) that it names in `columns`."""
+    for baseline in baselines:
+        wanted = [c for c in getattr(baseline, "columns", ()) if c in frame.columns]
+        baseline.fit(train, features, frame[wanted])
 
 
 class Persistence:
@@ -34,7 +48,7 @@ class Persistence:
     def __init__(self, name: str = "baseline"):
         self.name = name
 
-    def fit(self, datamodule) -> None:
+    def fit(self, train: WindowDataset, features: FeaturePipeline, table: pd.DataFrame) -> None:
         pass  # nothing to learn
 
     def predict(self, batch: dict) -> torch.Tensor:
@@ -61,8 +75,7 @@ class PerRowRegressor:
         per = " per series" if self.per_series else ""
         self.description = f"{type(self.estimator).__name__}{per} from each step's covariates to its targets"
 
-    def fit(self, datamodule) -> None:
-        train = datamodule.datasets["train"]
+    def fit(self, train: WindowDataset, features: FeaturePipeline, table: pd.DataFrame) -> None:
         self.reconstruction = train.horizon == 0
         rows = train.measured_target_rows()
         inputs = self._inputs_of_rows(train.known, train.observed)[rows].numpy()  # (R, D)
@@ -119,20 +132,21 @@ class PowerCurve:
     ):
         self.description = "the manufacturer's power curve at the forecast wind speed"
         self.speed_col, self.curve_col, self.target_col = speed_col, curve_col, target_col
+        self.columns = (speed_col, curve_col)  # the measured speed and the curve of the train rows
         self.bin_width = float(bin_width)
         self.name = name
 
-    def fit(self, datamodule) -> None:
-        if datamodule.target_names != [self.target_col]:
-            raise ValueError(f"{self.name} predicts {self.target_col!r} only, not {datamodule.target_names}")
-        if self.speed_col not in datamodule.schema.known_cols:
+    def fit(self, train: WindowDataset, features: FeaturePipeline, table: pd.DataFrame) -> None:
+        """`table`: the columns speed_col and curve_col, rows as in `train`'s arrays."""
+        if features.target_cols != [self.target_col]:
+            raise ValueError(f"{self.name} predicts {self.target_col!r} only, not {features.target_cols}")
+        if self.speed_col not in features.known_cols:
             raise ValueError(f"{self.name} needs {self.speed_col!r} among the known covariates")
-        frame = datamodule.frame
-        if self.curve_col not in frame.columns:
+        if self.curve_col not in table.columns:
             raise ValueError(f"{self.name} needs the column {self.curve_col!r} in data.extra_cols")
-        rows = datamodule.datasets["train"].measured_target_rows()
-        speed = frame[self.speed_col].to_numpy()[rows]
-        curve = frame[self.curve_col].to_numpy()[rows]
+        rows = train.measured_target_rows()
+        speed = table[self.speed_col].to_numpy()[rows]
+        curve = table[self.curve_col].to_numpy()[rows]
         ok = np.isfinite(speed) & np.isfinite(curve)
         table = (
             pd.DataFrame({"speed": speed[ok], "power": curve[ok]})
@@ -142,10 +156,10 @@ class PowerCurve:
         self.speeds = table["speed"].to_numpy()
         self.powers = np.maximum.accumulate(table["power"].to_numpy())  # monotone up to rated power
 
-        k = datamodule.schema.known_cols.index(self.speed_col)
-        scale, offset = scaler_affine(datamodule.covariate_scaler, datamodule.covariate_scaler.n_features_in_)
-        self._speed_index, self._speed_scale, self._speed_offset = k, scale[k], offset[k]
-        self._to_scaled = datamodule.transform_target  # kW -> the target's scaled units
+        k = features.known_cols.index(self.speed_col)
+        scaler = features.covariate_scaler
+        self._speed_index, self._speed_scale, self._speed_offset = k, scaler.scale[k], scaler.offset[k]
+        self._to_scaled = features.transform_target  # kW -> the target's scaled units
 
     def curve(self, speed: np.ndarray) -> np.ndarray:
         """Power (kW) at wind speeds (m/s), any shape."""
@@ -173,11 +187,11 @@ class ErrorQuantiles:
         self.name = point_baseline.name
         self._cache: dict[tuple, torch.Tensor] = {}
 
-    def fit_errors(self, datamodule) -> None:
-        reconstruction = datamodule.horizon == 0
+    def fit_errors(self, val_batches, reconstruction: bool) -> None:
+        """`val_batches`: the validation loader; `reconstruction`: windows without a horizon."""
         part = "hist" if reconstruction else "fut"
         errors = []
-        for batch in datamodule.val_dataloader():
+        for batch in val_batches:
             true = batch[f"{part}_target"]  # (B, T, Dy) scaled
             error = true - self.point_baseline.predict(batch).to(true.dtype)
             if f"{part}_valid" in batch:
