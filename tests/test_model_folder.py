@@ -120,6 +120,8 @@ DAMAGES = {
     "config truncated": (cut_file(CONFIG_FILE, 0.5), CONFIG_FILE, ["not readable as JSON"]),
     "config key missing": (edit_config(lambda c: pop(c, "data", "target_scaler")), CONFIG_FILE,
                            ["['target_scaler'] missing in data"]),
+    "config key with a default missing": (edit_config(lambda c: pop(c, "data", "time_format")), CONFIG_FILE,
+                                          ["['time_format'] missing in data"]),  # written always: required
     "config top key missing": (edit_config(lambda c: pop(c, "task_class")), CONFIG_FILE,
                                ["['task_class'] missing"]),
     "config hparam missing": (edit_config(lambda c: pop(c, "hparams", "d_target")), CONFIG_FILE,

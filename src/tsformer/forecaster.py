@@ -122,7 +122,7 @@ class ModelInfo:
 
 @dataclass
 class ModelConfig:
-    """`tsformer.json`. A key with a default may be missing (a folder written before it existed)."""
+    """`tsformer.json`: every key of it and of its parts is written, and required when read."""
 
     format_version: int
     task_class: str  # module.qualname of a tsformer task (a WindowTask subclass)
@@ -181,20 +181,12 @@ def _read_config(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFolderError(f"{path}: not readable as JSON ({err}): {RESTORE}") from err
     version = config.get("format_version") if isinstance(config, dict) else None
-    if isinstance(version, int) and version not in (1, FORMAT_VERSION):  # before the keys: another format's
+    if isinstance(version, int) and version != FORMAT_VERSION:  # before the keys: another format's
         raise ModelFolderError(
-            f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION} (and format 1 with "
-            "a point head): train the model again, or load it with the tsformer that wrote it"
+            f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION}: train the model "
+            "again, or load it with the tsformer that wrote it"
         )
     _check_json(config, ModelConfig, "", path)
-    head = (config["hparams"].get("head") or {}).get("kind", "point")
-    if version == 1 and head != "point":
-        # format 1 -> 2: distribution heads gained the spread calibration, and the quantile
-        # head's knots are anchored at the median; point-head folders of format 1 are unchanged
-        raise ModelFolderError(
-            f"{path}: model format {version!r} with a {head!r} head, this tsformer reads "
-            f"format {FORMAT_VERSION} (and format 1 with a point head): train the model again"
-        )
     return config
 
 
@@ -237,9 +229,9 @@ def _fits_quietly(value, option, where: str, path: Path) -> bool:
 
 
 def _fields_fit(value: dict, hint, where: str, path: Path) -> bool:
-    """The JSON object `value` as the dataclass `hint`: its fields' keys and values (refused if not)."""
-    unset = dataclasses.MISSING
-    required = {f.name for f in dataclasses.fields(hint) if f.default is unset and f.default_factory is unset}
+    """The JSON object `value` as the dataclass `hint`: its fields' keys, every one (the writer writes
+    them all), and values (refused if not)."""
+    required = {f.name for f in dataclasses.fields(hint)}
     _check_keys(value, typing.get_type_hints(hint), required, where, path)
     return True
 
