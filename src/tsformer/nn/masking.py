@@ -77,3 +77,25 @@ def hide(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     NaN (a value nobody measured) must be in `mask`: it is replaced like any hidden value."""
     kept = values.masked_fill(mask, 0.0)  # (B, N, D)
     return torch.cat([kept, mask.to(values.dtype)], dim=-1)  # (B, N, 2 D)
+
+
+def interpolate(values: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """`values (B, N, D)` with each hidden one replaced by linear interpolation between the nearest kept
+    values of its channel (the nearest kept value before the first or after the last one; 0 in a
+    channel with nothing kept). Hidden values may be NaN."""
+    B, N, D = values.shape
+    steps = torch.arange(N, device=values.device).view(1, N, 1).expand(B, N, D)  # (B, N, D)
+    kept = ~hidden
+    # index of the nearest kept step at or before / at or after each step (-1 / N where there is none)
+    before = torch.where(kept, steps, -1).cummax(dim=1).values  # (B, N, D)
+    after = torch.where(kept, steps, N).flip(1).cummin(dim=1).values.flip(1)  # (B, N, D)
+    has_before, has_after = before >= 0, after < N
+    before = torch.where(has_before, before, after).clamp(0, N - 1)  # one side missing: the other side
+    after = torch.where(has_after, after, before).clamp(0, N - 1)
+    safe = values.nan_to_num(0.0)
+    v0, v1 = safe.gather(1, before), safe.gather(1, after)  # (B, N, D)
+    span = (after - before).clamp_min(1).to(values.dtype)
+    w = ((steps - before).to(values.dtype) / span).clamp(0.0, 1.0)
+    line = v0 + w * (v1 - v0)
+    line = torch.where(has_before | has_after, line, torch.zeros_like(line))
+    return torch.where(hidden, line, values)

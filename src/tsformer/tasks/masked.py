@@ -22,12 +22,11 @@ CSV holds every value of every test window as `y_true`, and `y_pred` on the hidd
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, hide
+from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, hide, interpolate
 from tsformer.tasks.base import WindowTask, valid_steps
 
 SPLIT_SEED_OFFSET = {"val": 0, "test": 1}  # the validation and the test masks are different draws
@@ -45,17 +44,7 @@ class LinearInterpolation:
         pass  # nothing to learn
 
     def predict(self, batch: dict) -> torch.Tensor:
-        values = batch["hist_target"].detach().cpu().double().numpy()  # (B, N, Dy)
-        hidden = batch["hidden"].cpu().numpy()  # (B, N, Dy)
-        out = values.copy()
-        steps = np.arange(values.shape[1])
-        for b, d in zip(*np.nonzero(hidden.any(axis=1))):  # only the (window, channel) pairs with a gap
-            kept = ~hidden[b, :, d]
-            if kept.any():
-                out[b, :, d] = np.interp(steps, steps[kept], values[b, kept, d])
-            else:
-                out[b, :, d] = 0.0
-        return torch.as_tensor(out, dtype=batch["hist_target"].dtype, device=batch["hist_target"].device)
+        return interpolate(batch["hist_target"], batch["hidden"])  # (B, N, Dy)
 
 
 class MaskedFillIn(WindowTask):
@@ -92,6 +81,8 @@ class MaskedFillIn(WindowTask):
         mask_ratio: float = 0.15,
         mask_mean_length: float = 3.0,
         eval_mask_seed: int = 0,
+        window_norm: bool = True,
+        interpolate_hidden: bool = False,
     ):
         self.mask = MaskConfig(mask_kind, float(mask_ratio), float(mask_mean_length))
         super().__init__(
@@ -188,10 +179,34 @@ class MaskedFillIn(WindowTask):
         return self.head.loss(out[scored].unsqueeze(1), batch["hist_target"][scored].unsqueeze(1))
 
     def net_params(self, batch: dict, hidden: torch.Tensor) -> torch.Tensor:
-        """The head's parameters `(B, N, Dy, P)` with the values `hidden` withheld (see `restore`)."""
+        """The head's parameters `(B, N, Dy, P)` with the values `hidden` withheld (see `restore`).
+
+        With `window_norm`, each channel of each window enters as (value - mean) / std of its kept
+        values and its outputs are mapped back: a level or spread that drifted since the train rows
+        (ETT's test months) is then no new input for the network (as TSLib's imputation models do).
+        With `interpolate_hidden`, hidden values enter as the linear interpolation of their kept
+        neighbours (flagged all the same) instead of 0, and the network gives the correction to it."""
         values = batch["hist_target"].nan_to_num(0.0)
-        x = torch.cat([hide(values, hidden), batch["hist_known"], batch["hist_observed"]], dim=-1)
-        return self.head.params(self.net(x))  # (B, N, 2 Dy + Dk + Do) -> (B, N, Dy, P)
+        loc, scale = self.window_stats(values, hidden)  # (B, 1, Dy) each
+        values = (values - loc) / scale
+        line = interpolate(values, hidden) if self.hparams.interpolate_hidden else None
+        entered = torch.cat([line, hidden.to(values.dtype)], -1) if line is not None else hide(values, hidden)
+        x = torch.cat([entered, batch["hist_known"], batch["hist_observed"]], -1)  # (B, N, 2 Dy + Dk + Do)
+        params = self.head.params(self.net(x))  # (B, N, Dy, P)
+        if line is not None:  # the network gives the correction to the line
+            params = params + line.unsqueeze(-1)
+        return params * scale.unsqueeze(-1) + loc.unsqueeze(-1)  # point head: P = 1
+
+    def window_stats(self, values: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std `(B, 1, Dy)` of the kept values of each window and channel (0 and 1 without
+        `window_norm`; a channel with nothing kept gets 0 and 1)."""
+        if not self.hparams.window_norm:
+            return values.new_zeros(values.shape[0], 1, values.shape[2]), values.new_ones(1, 1, 1)
+        kept = (~hidden).to(values.dtype)  # (B, N, Dy)
+        n = kept.sum(dim=1, keepdim=True).clamp_min(1.0)  # (B, 1, Dy)
+        loc = (values * kept).sum(dim=1, keepdim=True) / n
+        var = (((values - loc) * kept) ** 2).sum(dim=1, keepdim=True) / n
+        return loc, torch.sqrt(var + 1e-5)
 
     def loss(self, batch: dict) -> torch.Tensor:
         batch, hidden, scored = self.masked_batch(batch, None if self.training else "val")
