@@ -135,7 +135,7 @@ def trained(tmp_path_factory):
     old = os.getcwd()
     os.chdir(folder)
     try:
-        overrides = ["model=enc_only_masked", "model.context_len=50", *TINY, "logger=none"]
+        overrides = ["model=enc_only_masked", "model.context_len=50", *TINY]
         return run(compose_config(overrides, folder / "out")), folder
     finally:
         os.chdir(old)
@@ -143,10 +143,17 @@ def trained(tmp_path_factory):
 
 @pytest.mark.slow
 def test_predict_impute_end_to_end(trained, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from tsformer.callbacks import WINDOW_MSE
     from tsformer.data import simulate_plant
 
-    result, _ = trained
+    result, folder = trained
     assert {"test/mse", "test/baseline_mse", "test/mae_orig"} <= set(result.metrics)
+    # each test window's error is over its hidden values (the others have no y_pred)
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db")
+    window_mse = pd.read_csv(client.download_artifacts(result.run_id, WINDOW_MSE, str(tmp_path))).mse
+    assert np.isfinite(window_mse).all() and (window_mse > 0).any()
     df = simulate_plant(n_series=2, n_steps=800, freq="1min", seed=0)
     df = df[df.time < df.time.min() + pd.Timedelta("200min")].reset_index(drop=True)
     rng = np.random.default_rng(0)
