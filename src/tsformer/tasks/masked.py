@@ -173,6 +173,7 @@ class MaskedFillIn(WindowTask):
         return self.static.append_to_known(batch) | {"hidden": hidden}, hidden, mask & ~unmeasured
 
     def masked_loss_of(self, batch: dict, hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+        """The head's loss over the `scored` values `(B, N, Dy)` alone, the network seeing none of `hidden`."""
         out = self.net_params(batch, hidden)  # (B, N, Dy, P)
         if not bool(scored.any()):  # a tiny window may draw no mask: nothing to learn from it
             return out.sum() * 0.0
