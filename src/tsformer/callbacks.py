@@ -181,10 +181,11 @@ def _scaler_files(features: FeaturePipeline, folder: Path) -> list[tuple[str, Pa
 
 
 def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
-    """`(W,)`: the squared error of each test window averaged over its valid steps and variables."""
-    sq = (outputs["pred"] - outputs["true"]) ** 2 * outputs["valid"][..., None]  # (W, T, Dy)
-    n = outputs["valid"].sum(axis=1) * sq.shape[-1]  # (W,)
-    return sq.sum(axis=(1, 2)) / np.maximum(n, 1)
+    """`(W,)`: the squared error of each test window averaged over its valid steps and variables (a
+    masked fill-in run predicts its hidden values only: its other y_pred are NaN and not counted)."""
+    sq = (outputs["pred"] - outputs["true"]) ** 2  # (W, T, Dy)
+    scored = outputs["valid"][..., None] & ~np.isnan(sq)
+    return np.where(scored, sq, 0.0).sum(axis=(1, 2)) / np.maximum(scored.sum(axis=(1, 2)), 1)
 
 
 def _plot_windows(n_windows: int, n_plot: int) -> np.ndarray:

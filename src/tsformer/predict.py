@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", help="CSV or Parquet table: history plus future rows of known covariates")
     parser.add_argument("--output", "-o", required=True, help="where to write the forecasts CSV")
     parser.add_argument(
+        "--impute",
+        action="store_true",
+        help="fill the empty cells of the model's columns (a masked fill-in model, model=enc_only_masked): "
+        "writes DATA with them filled and a flag column <col>_imputed each (docs/imputation.md)",
+    )
+    parser.add_argument(
         "--origin",
         help="forecast from this time for every series (default: each "
         "series' last row with all targets observed); later targets are ignored",
@@ -129,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             forecaster = Forecaster.load(folder)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
         table = load_table(args.data, **{**forecaster.contract.csv, **flags})
+        if args.impute or _fills_in(forecaster):
+            return _impute(forecaster, table, args, {**forecaster.contract.csv, **flags})
         forecasts = forecaster.predict(
             table, origin=args.origin, source=str(args.data), time_format=args.time_format
         )
@@ -145,6 +153,31 @@ def main(argv: list[str] | None = None) -> int:
         f"{forecasts['step'].max()} steps, origin(s) {origins.min()} .. {origins.max()}\n"
         f"forecasts CSV: {path.resolve()} ({len(forecasts)} rows)"
     )
+    return 0
+
+
+def _fills_in(forecaster) -> bool:
+    from tsformer.tasks.masked import MaskedFillIn
+
+    return isinstance(forecaster.task, MaskedFillIn)
+
+
+def _impute(forecaster, table, args, csv_options: dict) -> int:
+    """`--impute`: DATA with the model's empty cells filled and flagged (`tsformer.imputation`)."""
+    from tsformer.export import _write_atomically
+    from tsformer.imputation import impute
+
+    if not args.impute:
+        raise ValueError(
+            f"{args.model} is a masked fill-in model: it fills empty cells, it does not forecast; add --impute"
+        )
+    result = impute(forecaster, table, source=str(args.data), time_format=args.time_format)
+    write = {k: v for k, v in csv_options.items() if k in ("sep", "decimal", "encoding") and v is not None}
+    path = _write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
+    print(f"filled {result.n_filled} empty cell(s) of {forecaster.contract.target_cols}: {path.resolve()}")
+    line = result.unfilled_line(str(args.data))
+    if line:
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,155 @@
+"""Fill the empty cells of a table with a masked fill-in model: `predict.py MODEL table.csv --impute`.
+
+The model (`tasks/masked.py`, trained with `model=enc_only_masked`) restores the values of its columns
+(`data.target_cols` of its training) in windows of `context_len` rows. Per series, the rows are cut
+into gap-free runs (consecutive times one frequency step apart, every known and observed input of
+the model present); each run is tiled with windows of `context_len` rows (the last one aligned to the
+run's end), and an empty cell is filled from the one window that holds it (the first tile that
+reaches it). Windows are independent: what a window holds never changes a fill outside it.
+
+Output: the input table, same rows, same columns, same order, with the model's empty cells filled
+(original units) and one flag column `<col>_imputed` per model column (True where this command
+filled the cell). Observed cells are never touched. A cell cannot be filled when its run is shorter
+than the window, or its window holds no observed value of the model's columns: it stays empty and its
+row is named (`Imputation.unfilled_rows`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tsformer.data.schema import DataValidationError, describe_row, fixed_step
+from tsformer.forecaster import Forecaster, _series_positions
+from tsformer.tasks.masked import MaskedFillIn
+
+FLAG_SUFFIX = "_imputed"
+
+
+@dataclass
+class Imputation:
+    table: pd.DataFrame  # the input table with the filled cells and the flag columns
+    n_filled: int  # cells filled
+    unfilled_rows: list[int]  # file rows holding an empty model cell that could not be filled
+    reasons: dict[int, str]  # file row -> why it could not be filled
+
+    def unfilled_line(self, source: str, shown: int = 10) -> str:
+        """One line naming the rows that could not be filled ('' when there are none)."""
+        if not self.unfilled_rows:
+            return ""
+        rows = self.unfilled_rows
+        named = ", ".join(f"{describe_row(source, r)}: {self.reasons[r]}" for r in rows[:shown])
+        more = f", and {len(rows) - shown} more" if len(rows) > shown else ""
+        return f"{source}: {len(rows)} row(s) with empty cells not filled (too little context): {named}{more}"
+
+
+def fill_windows(run_length: int, window: int) -> np.ndarray:
+    """Start positions of the windows tiling a run of `run_length` rows (the last one aligned to its
+    end); `(K,)`, empty when the run is shorter than a window."""
+    if run_length < window:
+        return np.zeros(0, dtype=np.int64)
+    starts = list(range(0, run_length - window + 1, window))
+    if starts[-1] + window < run_length:
+        starts.append(run_length - window)
+    return np.asarray(starts, dtype=np.int64)
+
+
+def window_of(position: np.ndarray, run_length: int, window: int) -> np.ndarray:
+    """The start of the window that fills each position of a run (`fill_windows`'s first to reach it)."""
+    start = (position // window) * window
+    return np.where(start + window <= run_length, start, run_length - window)
+
+
+def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input table", time_format=None):
+    """The `Imputation` of `table` by a masked fill-in model (see the module docstring)."""
+    task, c = forecaster.task, forecaster.contract
+    if not isinstance(task, MaskedFillIn):  # a user's choice of model: a ValueError, as predict.py reports
+        raise ValueError(  # noqa: TRY004
+            f"the model is a {type(task).__name__} ({forecaster.info.family}), not a masked fill-in model: "
+            "--impute needs one trained with model=enc_only_masked (docs/imputation.md)"
+        )
+    originals = _original_names(table, c.target_cols)
+    flags = [f"{originals[col]}{FLAG_SUFFIX}" for col in c.target_cols]
+    taken = [f for f in flags if f in table.columns]
+    if taken:
+        raise DataValidationError(
+            f"{source}: column '{taken[0]}' exists already: rename it, --impute writes it"
+        )
+    schema = replace(c.schema, time_format=time_format or c.time_format)
+    clean = schema.validate(table, source, may_be_empty=set(schema.value_cols)).reset_index(names="file_row")
+    clean["_filled"] = False
+    n = c.context_len
+    step = fixed_step(pd.tseries.frequencies.to_offset(c.freq)).to_timedelta64()
+    values = clean[c.target_cols].to_numpy(np.float64)  # (rows, Dy)
+    empty = np.isnan(values)
+    inputs_complete = ~clean[[*c.known_cols, *c.observed_cols]].isna().any(axis=1).to_numpy()
+    times = clean[c.time_col].to_numpy()
+
+    filler = np.full(len(clean), -1, dtype=np.int64)  # row -> start row (position in clean) of its window
+    reasons: dict[int, str] = {}
+    for rows in _series_positions(clean, c).values():
+        usable = rows[inputs_complete[rows]]
+        for row in rows[~inputs_complete[rows]]:
+            reasons[row] = "an input column of the model is empty"
+        breaks = np.flatnonzero(np.diff(times[usable]) != step) + 1
+        for run in np.split(usable, breaks):
+            if len(run) < n:
+                for row in run:
+                    reasons[row] = f"its gap-free run has {len(run)} row(s), the model's window {n}"
+                continue
+            starts = window_of(np.arange(len(run)), len(run), n)  # (L,) run position of each row's window
+            filler[run] = run[starts]
+    needs = empty.any(axis=1)
+    starts = np.unique(filler[needs & (filler >= 0)])  # the windows that fill something
+    filled = np.zeros_like(empty)
+    out_values = values.copy()
+    if len(starts):
+        windows = [(None, s, s, s + n) for s in starts]
+        batch, _ = forecaster._batch(clean, windows)
+        idx = starts[:, None] + np.arange(n)  # (W, N) rows of `clean`
+        scaled = c.target_scaler.transform(values)  # (rows, Dy), NaN where empty
+        batch["hist_target"] = torch.as_tensor(scaled[idx], dtype=torch.float32)  # (W, N, Dy)
+        observed_any = ~np.isnan(scaled[idx]).all(axis=(1, 2))  # (W,)
+        with torch.inference_mode():
+            pred = torch.cat([task.forecast(_slice(batch, i, i + 256)) for i in range(0, len(starts), 256)])
+        pred = c.target_scaler.inverse(pred.double().numpy())  # (W, N, Dy) original units
+        position = {int(s): k for k, s in enumerate(starts)}
+        for row in np.flatnonzero(needs & (filler >= 0)):
+            k = position[int(filler[row])]
+            if not observed_any[k]:
+                reasons[row] = f"its window of {n} rows holds no observed value of {c.target_cols}"
+                continue
+            cells = empty[row]
+            out_values[row, cells] = pred[k, row - starts[k], cells]
+            filled[row, cells] = True
+
+    file_rows = clean["file_row"].to_numpy()
+    result = table.copy()
+    for j, col in enumerate(c.target_cols):
+        name = originals[col]
+        at = file_rows[filled[:, j]]
+        column = result[name].astype(np.float64) if filled[:, j].any() else result[name]
+        column.iloc[at] = out_values[filled[:, j], j]
+        result[name] = column
+        flag = np.zeros(len(result), dtype=bool)
+        flag[at] = True
+        result[f"{name}{FLAG_SUFFIX}"] = flag
+    unfilled = sorted(int(file_rows[r]) for r in np.flatnonzero(needs) if not filled[r][empty[r]].all())
+    by_file_row = {int(file_rows[r]): why for r, why in reasons.items()}
+    return Imputation(result, int(filled.sum()), unfilled, {r: by_file_row[r] for r in unfilled})
+
+
+def _original_names(table: pd.DataFrame, columns: list[str]) -> dict[str, str]:
+    """Each model column's name as the table writes it (the schema matches names without surrounding
+    spaces)."""
+    names = {}
+    for col in columns:
+        names[col] = next((c for c in table.columns if str(c).strip() == col.strip()), col)
+    return names
+
+
+def _slice(batch: dict, lo: int, hi: int) -> dict:
+    return {k: v[lo:hi] for k, v in batch.items()}

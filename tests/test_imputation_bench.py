@@ -1,0 +1,36 @@
+"""benchmarks/imputation.py: a --quick run writes its table into the results file between its markers,
+keeping the notes around it; the interpolation baseline is scored beside the model. Skips where
+../shared is absent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+DATA = REPO.parent / "shared" / "data" / "ETT-small"
+
+
+@pytest.mark.slow
+@pytest.mark.needs_data(DATA / "ETTh1.csv")
+def test_quick_run_writes_its_table_between_the_notes(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("notes before\n<!-- table t -->\nold\n<!-- /table t -->\nnotes after\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TSFORMER_DATA_DIR": str(REPO.parent / "shared" / "data")}
+    command = [sys.executable, str(REPO / "benchmarks" / "imputation.py"), "--quick", "--datasets", "ETTh1"]
+    command += ["--ratios", "0.5", "--results", str(results), "--table", "t"]
+    subprocess.run(command, check=True, cwd=tmp_path, env=env, capture_output=True, timeout=600)
+    text = results.read_text()
+    assert text.startswith("notes before\n<!-- table t -->\n") and text.endswith(
+        "<!-- /table t -->\nnotes after\n"
+    )
+    assert "old" not in text and "test windows: ETTh1 2785" in text
+    row = next(line for line in text.splitlines() if line.startswith("| ETTh1"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    _, ratio, mse, mae, interp_mse, interp_mae, timesnet, *_ = cells
+    assert (ratio, timesnet) == ("0.5", "0.1159")
+    assert all(float(v) > 0 for v in (mse, mae, interp_mse, interp_mae))
