@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import TINY
-from tsformer.forecaster import Affine, DataContract, Forecaster, ModelInfo
+from tsformer.data.features import Affine
+from tsformer.forecaster import DataContract, Forecaster, ModelInfo
 from tsformer.imputation import fill_windows, impute, window_of
 from tsformer.predict import main as predict_main
 from tsformer.tasks.masked import MaskedFillIn

@@ -28,6 +28,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, hide, interpolate
 from tsformer.tasks.base import WindowTask, valid_steps
+from tsformer.tasks.baselines import fit_baselines
 
 SPLIT_SEED_OFFSET = {"val": 0, "test": 1}  # the validation and the test masks are different draws
 
@@ -40,7 +41,7 @@ class LinearInterpolation:
     name = "baseline"
     description = "linear interpolation between the nearest kept values of the same window and channel"
 
-    def fit(self, datamodule) -> None:
+    def fit(self, train, features, table) -> None:
         pass  # nothing to learn
 
     def predict(self, batch: dict) -> torch.Tensor:
@@ -226,17 +227,16 @@ class MaskedFillIn(WindowTask):
 
     def on_test_start(self) -> None:
         self._test_chunks = []
-        for baseline in self.baselines:
-            baseline.fit(self.trainer.datamodule)
+        dm = self.trainer.datamodule
+        fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         true, valid = batch["hist_target"], self.target_valid(batch)
         batch, hidden, scored = self.masked_batch(batch, "test")
         preds = {"model": self.restore(batch, hidden)} | {b.name: b.predict(batch) for b in self.baselines}
-        dm = self.trainer.datamodule
-        true_orig = dm.inverse_transform_target(true.float())
+        true_orig = self.to_original_units(true.float())
         for name, pred in preds.items():
-            pred_orig = dm.inverse_transform_target(pred.float())
+            pred_orig = self.to_original_units(pred.float())
             for metric_name, metric in self.test_metrics[name].items():
                 if "_orig" in metric_name:
                     metric.update(pred_orig[scored], true_orig[scored])
