@@ -1,10 +1,12 @@
-"""LightningModules: one per job (state reconstruction, forecasting by family)."""
+"""LightningModules: one per job (state reconstruction, forecasting by family, sequence classification)."""
 
 from tsformer.tasks.base import WindowTask
+from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.reconstruction import ReconstructionTask
 
 __all__ = [
+    "ClassificationTask",
     "DecoderOnlyForecaster",
     "EncoderDecoderForecaster",
     "EncoderForecaster",
