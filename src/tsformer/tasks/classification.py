@@ -175,6 +175,7 @@ class ClassificationTask(L.LightningModule):
         self.affine = nn.Parameter(torch.zeros(2, d_in)) if revin_affine else None  # log-scale, shift
         self.register_buffer("weight", self._class_weights(class_weights, class_counts, n_classes))
         self.val_loss = MeanMetric()
+        self.val_accuracy = MulticlassAccuracy(n_classes, average="micro")
         self.test_metrics = class_metrics(n_classes, "test/")
         self.test_log_loss = MeanMetric()
         self.baselines = [MajorityClass(), SummaryLogistic()]
@@ -236,10 +237,13 @@ class ClassificationTask(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         logits = self(batch["x"], batch["valid"])
         self.val_loss.update(F.cross_entropy(logits, batch["label"], reduction="none"))
+        self.val_accuracy.update(logits, batch["label"])
 
     def on_validation_epoch_end(self) -> None:
         self.log("val/loss", self.val_loss.compute(), prog_bar=True)
+        self.log("val/accuracy", self.val_accuracy.compute())
         self.val_loss.reset()
+        self.val_accuracy.reset()
 
     def on_test_epoch_start(self) -> None:
         self._test_parts = []
