@@ -6,8 +6,9 @@ them together in order:
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
-4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
-   scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
+4. the test forecasts go to a CSV in original units (a classifier's: the classes and probabilities
+   of every test sample, `classification_outputs.py`; `Job` is where the two jobs part); the model
+   folder (weights, data contract, scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
    the loggers and the MLflow run: it logs figures, scalers, the checkpoint, the CSV and a pyfunc
    model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
@@ -155,16 +156,18 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
     """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels;
     `baselines`: extra ones, beside the naive baseline (forecasting and reconstruction)."""
     job = job_of(datamodule)
+    sizes = job.task_sizes(datamodule)
     extra = {"baselines": baselines} if job is not JOBS["classification"] else {}
     try:
         return _instantiate_settings(
             model_cfg,
             _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
-            **job.task_sizes(datamodule),
+            **sizes,
             **extra,
         )
     except InstantiationException as err:
-        if isinstance(err.__cause__, TypeError):  # the model of another job: its sizes do not fit
+        cause = err.__cause__  # a model of another job refuses the sizes of this data
+        if isinstance(cause, TypeError) and any(f"'{k}'" in str(cause) for k in sizes):
             raise SettingError(
                 f"model: {model_cfg.get('_target_')} does not take the data of data={datamodule.name} "
                 f"({job.task_kind}); {err.__cause__}"

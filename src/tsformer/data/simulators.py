@@ -192,7 +192,7 @@ REGIMES = ("low", "normal", "high")  # fouling in U(0.9, 1.1) cut into thirds
 
 
 def simulate_plant_regimes(
-    n_series: int = 8, n_steps: int = 3000, freq: str = "1min", start: str = "2024-01-01", seed: int = 0
+    n_series: int = 32, n_steps: int = 1500, freq: str = "1min", start: str = "2024-01-01", seed: int = 0
 ) -> pd.DataFrame:
     """The plant of `simulate_plant` with its hidden fouling regime as a label on every step: `regime`
     is low (fouling < 0.9667), normal or high (> 1.0333), the thirds of its range U(0.9, 1.1); the
