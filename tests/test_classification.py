@@ -27,7 +27,7 @@ ARCHIVE = REPO.parent / "shared" / "data" / "classification"
 
 
 def sequences_table(n_series=12, n_classes=3, lengths=(5, 12), channels=2, seed=0) -> pd.DataFrame:
-    """Series of random lengths, each a noisy level set by its class (so that classes can be told apart)."""
+    """Series of random lengths, each a noisy level set by its class."""
     rng = np.random.default_rng(seed)
     rows = []
     for sid in range(n_series):
@@ -107,6 +107,18 @@ def test_sequences_are_one_sample_each_and_no_val_or_test_series_is_dropped():
     # scaled with the training series only: their channels have mean 0
     train_rows = np.concatenate(dm.datasets["train"].samples)
     assert np.allclose(train_rows.mean(axis=0), 0, atol=1e-5)
+
+
+def test_class_order_orders_the_classes_and_must_hold_every_training_class():
+    table = sequences_table()
+    dm = SequenceDataModule(table, test_fraction=0.3, class_order=["c2", "c0", "c1", "c5"])
+    dm.setup()
+    assert dm.classes == ["c2", "c0", "c1"]  # c5: no training sample
+    names = np.asarray(dm.classes)[dm.labels("train")]  # each code names the series' own label
+    truth = table.groupby("series_id").label.first()[dm.sample_info("train").series_id]
+    assert (names == truth.to_numpy()).all()
+    with pytest.raises(DataValidationError, match=r"class\(es\) \['c1'\] of the training samples are not in"):
+        SequenceDataModule(table, test_fraction=0.3, class_order=["c2", "c0"]).setup()
 
 
 def test_a_label_that_changes_inside_a_series_is_refused_naming_series_and_rows(tmp_path):

@@ -80,9 +80,9 @@ def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(traine
     ]:
         assert path in artifacts, (path, artifacts)
     csv = pd.read_csv(folder / "out" / "classes.csv")
-    assert list(csv.columns) == [*KEYS, "y_true", "y_pred", "p_high", "p_low", "p_normal"]
+    assert list(csv.columns) == [*KEYS, "y_true", "y_pred", "p_low", "p_normal", "p_high"]  # data.class_order
     assert len(csv) == run.data.metrics["test/n_samples"]
-    assert np.allclose(csv[["p_high", "p_low", "p_normal"]].sum(axis=1), 1.0, atol=1e-6)
+    assert np.allclose(csv[["p_low", "p_normal", "p_high"]].sum(axis=1), 1.0, atol=1e-6)
     assert "balanced_accuracy" in proc.stdout and "classes CSV:" in proc.stdout
 
 

@@ -16,8 +16,8 @@ Two layouts a user has, two LightningDataModules with one interface (`Classifica
   in time and windowed by `TimeSeriesDataModule` (horizon 0: a window belongs to the split holding
   all its steps), which this module wraps.
 
-Both: the classes are the labels of the training samples (sorted; numbers in numeric order); a val or
-test sample of another class is an error naming it. Each channel is standardised with a scaler fitted
+Both: the classes are the labels of the training samples (sorted, numbers in numeric order, or in
+`class_order`); a val or test sample of another class is an error naming it. Each channel is standardised with a scaler fitted
 on the training samples' rows only. A batch is a dict: `x` (B, T, D) float32, `valid` (B, T) bool,
 `label` (B,) int64 class index, `sample` (B,) int64 (the sample's index in its split).
 """
@@ -62,6 +62,21 @@ def sorted_classes(labels) -> list[str]:
         return sorted(distinct, key=float)
     except ValueError:
         return sorted(distinct)
+
+
+def ordered_classes(classes: list[str], order, source: str) -> list[str]:
+    """The training classes in `order` (data.class_order, e.g. low, normal, high for the figures and
+    the CSV's p_ columns), or as they are when None; a training class missing from `order` is an error."""
+    if order is None:
+        return classes
+    order = [str(c) for c in order]
+    missing = [c for c in classes if c not in order]
+    if missing:
+        raise DataValidationError(
+            f"{source}: class(es) {missing} of the training samples are not in data.class_order={order}; "
+            "add them, or set data.class_order=null"
+        )
+    return [c for c in order if c in classes]
 
 
 def class_codes(labels, classes: list[str], source: str, where) -> np.ndarray:
@@ -177,9 +192,18 @@ class ClassificationData(L.LightningDataModule):
 
     job = "classification"
 
-    def __init__(self, name: str, batch_size: int, eval_batch_size: int, seed: int, num_workers: int = 0):
+    def __init__(
+        self,
+        name: str,
+        batch_size: int,
+        eval_batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        class_order=None,
+    ):
         super().__init__()
         self.name = name
+        self.class_order = None if class_order is None else [str(c) for c in class_order]
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.seed, self.num_workers = int(seed), int(num_workers)
         self.classes: list[str] = []
@@ -248,9 +272,10 @@ class SequenceDataModule(ClassificationData):
         eval_batch_size: int = 256,
         seed: int = 0,
         num_workers: int = 0,
+        class_order: list[str] | None = None,
         csv: dict | None = None,
     ):
-        super().__init__(name, batch_size, eval_batch_size, seed, num_workers)
+        super().__init__(name, batch_size, eval_batch_size, seed, num_workers, class_order)
         self.train_source, self.test_source = train, test
         self.series_col, self.step_col, self.label_col = series_col, step_col, label_col
         self.channel_cols = None if channel_cols is None else [str(c) for c in channel_cols]
@@ -283,7 +308,7 @@ class SequenceDataModule(ClassificationData):
         else:
             held = stratified_part(train["labels"], self.test_fraction, self.seed)
             train, test, test_source = _subset(train, ~held), _subset(train, held), source
-        self.classes = sorted_classes(train["labels"])
+        self.classes = ordered_classes(sorted_classes(train["labels"]), self.class_order, source)
         held = stratified_part(train["labels"], self.val_fraction, self.seed + 1)
         parts = {"train": _subset(train, ~held), "val": _subset(train, held), "test": test}
         sources = {"train": source, "val": source, "test": test_source}
@@ -329,9 +354,10 @@ class StreamDataModule(ClassificationData):
         eval_batch_size: int = 256,
         seed: int = 0,
         num_workers: int = 0,
+        class_order: list[str] | None = None,
         **window_options,
     ):
-        super().__init__(name, batch_size, eval_batch_size, seed, num_workers)
+        super().__init__(name, batch_size, eval_batch_size, seed, num_workers, class_order)
         self.source, self.label_col = source, str(label_col)
         self.channel_names = [str(c) for c in channel_cols]
         self.context_len = int(context_len)
@@ -367,9 +393,8 @@ class StreamDataModule(ClassificationData):
         windows.setup()
         row_codes = windows.frame[LABEL_CODE].to_numpy().astype(np.int64)  # (rows,) by table position
         last = {s: windows.datasets[s].starts + self.context_len - 1 for s in SPLITS}  # (W,) last rows
-        self.classes = sorted_classes(
-            np.array(every_class, dtype=object)[np.unique(row_codes[last["train"]])]
-        )
+        trained = sorted_classes(np.array(every_class, dtype=object)[np.unique(row_codes[last["train"]])])
+        self.classes = ordered_classes(trained, self.class_order, source)
         self.channel_scaler = windows.target_scaler
         times = windows.frame[windows.schema.time_col].to_numpy()  # (rows,)
         for split in SPLITS:
