@@ -138,9 +138,11 @@ def test_a_label_that_changes_inside_a_series_is_refused_naming_series_and_rows(
 def test_an_unseen_class_in_the_test_file_is_named():
     train, test = sequences_table(), sequences_table(n_series=4, seed=1)
     test.loc[test.series_id == 2, "label"] = "c7"
+    dm = SequenceDataModule(train, test.assign(extra=1.0))  # a column the train table has not: ignored
     with pytest.raises(DataValidationError, match=r"series 2 has label 'c7', a class the training") as err:
-        SequenceDataModule(train, test).setup()
+        dm.setup()
     assert "\n" not in str(err.value)
+    assert dm.datasets == {} and dm.channel_names == ["ch0", "ch1"]  # a failed setup leaves no split
 
 
 def test_stream_windows_are_labelled_by_their_last_step_and_an_unseen_class_is_named():

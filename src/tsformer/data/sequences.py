@@ -289,12 +289,12 @@ class SequenceDataModule(ClassificationData):
         return SequenceColumns(self.series_col, self.step_col, self.label_col, self.channel_names)
 
     def read(self, source_or_table, source: str) -> dict:
+        """The series of a file or table; the first one read (train) fixes the channels when
+        `channel_cols` is None: its columns without another role."""
         table = _table(source_or_table, self.csv)
-        if self.channel_cols is None:  # every column that has no other role
+        if not self.channel_names:
             keys = (self.series_col, self.step_col, self.label_col)
-            self.channel_names = [str(c) for c in table.columns if c not in keys]
-        else:
-            self.channel_names = self.channel_cols
+            self.channel_names = self.channel_cols or [str(c) for c in table.columns if c not in keys]
         return read_sequences(table, source, self.columns)
 
     def setup(self, stage: str | None = None) -> None:
@@ -313,6 +313,7 @@ class SequenceDataModule(ClassificationData):
         parts = {"train": _subset(train, ~held), "val": _subset(train, held), "test": test}
         sources = {"train": source, "val": source, "test": test_source}
         self.channel_scaler = make_scaler(self.scaler_kind).fit(np.concatenate(parts["train"]["x"]))
+        datasets = {}
         for split, part in parts.items():
             if not len(part["ids"]):
                 raise DataValidationError(
@@ -323,10 +324,10 @@ class SequenceDataModule(ClassificationData):
                 part["labels"], self.classes, sources[split], lambda i, part=part: _series(part, i)
             )
             scaled = [self.channel_scaler.transform(x).astype(np.float32) for x in part["x"]]
-            self.datasets[split] = SampleDataset(scaled, codes)
+            datasets[split] = SampleDataset(scaled, codes)
             self.infos[split] = pd.DataFrame({"series_id": part["ids"]})
+        self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
         lengths = [len(x) for x in parts["train"]["x"]]
-        self.max_length = max(len(x) for part in parts.values() for x in part["x"])
         log.info(
             "%s: %d classes, %d channels, lengths %d..%d; series train %d, val %d, test %d",
             source, self.n_classes, self.d_in, min(lengths), max(lengths),
@@ -397,6 +398,7 @@ class StreamDataModule(ClassificationData):
         self.classes = ordered_classes(trained, self.class_order, source)
         self.channel_scaler = windows.target_scaler
         times = windows.frame[windows.schema.time_col].to_numpy()  # (rows,)
+        datasets = {}
         for split in SPLITS:
             labels = np.array(every_class, dtype=object)[row_codes[last[split]]]
             info = windows.window_info(split)
@@ -408,9 +410,9 @@ class StreamDataModule(ClassificationData):
             codes = class_codes(labels, self.classes, source, where)
             target = windows.datasets[split].target  # (rows, D) scaled, shared by the splits
             samples = _WindowViews(target.numpy(), windows.datasets[split].starts, self.context_len)
-            self.datasets[split] = SampleDataset(samples, codes)
+            datasets[split] = SampleDataset(samples, codes)
             self.infos[split] = info
-        self.windows = windows
+        self.windows, self.datasets = windows, datasets  # last: a failed setup leaves it un-set-up
         log.info(
             "%s: %d classes %s; windows train %d, val %d, test %d",
             source, self.n_classes, self.classes, *(len(self.datasets[s]) for s in SPLITS),
