@@ -15,6 +15,9 @@ only, as patch tokens take no padding mask) come from `model.net` and `_common.y
 families. `revin: true` standardises each sample's channels by its own mean and std over its real
 steps (instance normalisation; nothing to reverse for a class), `revin_affine` adds a learned scale
 and shift per channel. Channel independence has no meaning for one label per sample and is refused.
+`model.net.norm_layer=batch` takes its training statistics over every token of a batch, padded steps
+included: keep `layer` (the default) for sequences of unequal length (at test time BatchNorm uses its
+running averages, so a sample's probabilities stay its own either way).
 
 Test metrics (torchmetrics, every test sample): accuracy, balanced accuracy (macro recall), macro
 F1, log loss, expected calibration error (15 bins), beside the same metrics of two baselines fitted
