@@ -101,6 +101,8 @@ def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained,
     mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
     pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
     table = pd.read_csv(tmp_path / "stream.csv", parse_dates=["time"])
+    unlabelled = pyfunc.predict(table.drop(columns="regime"))  # labels are optional in the signature
+    assert unlabelled.y_true.isna().all() and len(unlabelled) == len(pyfunc.predict(table))
     for new in (
         pd.read_csv(tmp_path / "classes.csv", parse_dates=["window_end_time"]),
         pyfunc.predict(table),

@@ -105,7 +105,12 @@ def log_outputs(recorder, task, datamodule, outputs: ClassificationOutputs, best
     tracking.log_figure(logger, reliability_figure(tested["true"], curves), "plots/reliability.png")
     registry_name = (recorder.cfg.get("model_registry") or {}).get("name")
     tracking.log_pyfunc_model(
-        logger, outputs.model_folder, outputs.example, outputs.example_forecasts, registry_name
+        logger,
+        outputs.model_folder,
+        outputs.example,
+        outputs.example_forecasts,
+        registry_name,
+        optional_inputs=(datamodule.label_col,),  # new sequences come without labels
     )
     tracking.end_run(logger, "FINISHED")
 
