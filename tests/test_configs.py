@@ -9,15 +9,20 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import marked
-from tsformer.train import CONFIG_DIR, _instantiate_group, compose_config
+from tsformer.train import CONFIG_DIR, _instantiate_group, build_task, compose_config
 
 CONF = Path(CONFIG_DIR)
 # the data= and experiment= options that read a real data set, not a simulation
 REAL_DATA = {"ett", "gas_turbine", "imputation_ett", "wind_scada", "wind_scada_forecast_error"}
+# classification's options (labelled data, model=enc_only_classifier): tested with each other, below
+CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
+CLASSIFICATION |= {"japanese_vowels", "osuleaf", "basic_motions"}
 
 
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
+def options(group: str, job: str = "forecasting") -> list[str]:
+    """The options of `group` for one job: forecasting (and reconstruction) or classification."""
+    every = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return [o for o in every if (o in CLASSIFICATION) == (job == "classification")]
 
 
 # small simulated data: composing must not wait on 20000-step simulations
@@ -27,7 +32,7 @@ SMALL = ["data.source.n_series=1", "data.source.n_steps=1500"]
 def compose_small(overrides: list[str], out):
     """Compose; simulated data is made small, real data is used as it is (skipped where absent)."""
     cfg = compose_config(overrides, out)
-    if "simulators" in str(cfg.data.source.get("_target_", "")):
+    if "simulators" in str((cfg.data.get("source") or {}).get("_target_", "")):
         cfg = compose_config([*overrides, *SMALL], out)
     return cfg
 
@@ -107,6 +112,24 @@ def test_each_experiment(experiment, in_tmp):
     cfg = compose_small([f"experiment={experiment}"], in_tmp / "out")
     dm, _ = build(cfg)
     assert dm.n_windows("test") > 0
+
+
+@pytest.mark.parametrize("experiment", options("experiment", "classification"))
+def test_each_classification_experiment(experiment, in_tmp):
+    """Each builds its data and the classifier sized for it (an archive set is skipped where absent)."""
+    small = ["data.source.n_series=8", "data.source.n_steps=600"] if experiment == "plant_regime" else []
+    cfg = compose_config([f"experiment={experiment}", *small], in_tmp / "out")
+    try:
+        dm = instantiate(cfg.data)
+    except Exception as err:
+        if not isinstance(err.__cause__, FileNotFoundError):
+            raise
+        pytest.skip(str(err.__cause__).splitlines()[0])
+    dm.setup()
+    task = build_task(cfg.model, dm)
+    batch = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        assert task.eval().predict_proba(batch).shape == (len(batch["label"]), dm.n_classes)
 
 
 @pytest.mark.parametrize("trainer", marked(options("trainer"), {"gpu"}, pytest.mark.gpu))

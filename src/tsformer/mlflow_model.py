@@ -7,6 +7,7 @@ tsformer package itself (logged as code), so that in any Python process with the
     model = mlflow.pyfunc.load_model("runs:/<run id>/model")        # or "models:/<name>/<version>"
     forecasts = model.predict(table)                                  # the forecasts CSV's columns
     forecasts = model.predict(table, params={"origin": "2024-05-01 12:00"})  # backtest from a time
+    classes = model.predict(sequences)                                # a classifier's run: classes
 
 `table` is laid out as for `python predict.py` (see `Forecaster.predict`). The logging side is
 `tracking.log_pyfunc_model`.
@@ -15,12 +16,12 @@ tsformer package itself (logged as code), so that in any Python process with the
 import mlflow
 import pandas as pd
 
-from tsformer.forecaster import Forecaster
+from tsformer.classifier import load_model
 
 
 class TsformerForecastModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
-        self.forecaster = Forecaster.load(context.artifacts["model_folder"])
+        self.forecaster = load_model(context.artifacts["model_folder"])  # a Forecaster or a Classifier
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         origin = (params or {}).get(

@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            from tsformer.forecaster import Forecaster
+            from tsformer.classifier import load_model
 
-            forecaster = Forecaster.load(folder)
+            forecaster = load_model(folder)  # a Forecaster, or a Classifier (classes and probabilities)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
         table = load_table(args.data, **{**forecaster.contract.csv, **flags})
         if args.impute or _fills_in(forecaster):
@@ -146,14 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     from tsformer.export import write_csv
 
     path = write_csv(forecasts, args.output)
-    info = forecaster.info
+    print(_summary(forecaster, forecasts, path))
+    return 0
+
+
+def _summary(model, forecasts, path: Path) -> str:
+    """What was predicted, in two lines."""
+    info = model.info
+    if "y_pred" in forecasts and "origin_time" not in forecasts:  # a classifier's classes
+        return (
+            f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(forecasts)} samples, classes "
+            f"{model.classes}\nclasses CSV: {path.resolve()} ({len(forecasts)} rows)"
+        )
     origins = forecasts.groupby("series_id")["origin_time"].max()
-    print(
+    return (
         f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(origins)} series, "
         f"{forecasts['step'].max()} steps, origin(s) {origins.min()} .. {origins.max()}\n"
         f"forecasts CSV: {path.resolve()} ({len(forecasts)} rows)"
     )
-    return 0
 
 
 def _fills_in(forecaster) -> bool:

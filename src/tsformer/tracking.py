@@ -296,6 +296,7 @@ def log_pyfunc_model(
     example_input,
     example_output,
     registry_name: str | None = None,
+    optional_inputs: tuple[str, ...] = (),
 ) -> str:
     """Log the run's model folder as the run's MLflow pyfunc model `model`; register it when named.
 
@@ -304,13 +305,15 @@ def log_pyfunc_model(
     (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
     A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
     nothing and needs no Hydra config. The signature is inferred from an example table and its
-    forecasts (a parameter `origin`, empty by default). Returns the model URI.
+    forecasts (a parameter `origin`, empty by default); `optional_inputs` may be left out. Returns the
+    model URI.
     """
     import warnings
     from importlib.metadata import PackageNotFoundError, version
 
     import mlflow
     from mlflow.models import Model, infer_signature
+    from mlflow.types import ColSpec, Schema
 
     import tsformer
     from tsformer import mlflow_model
@@ -318,6 +321,11 @@ def log_pyfunc_model(
     with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
         warnings.simplefilter("ignore", UserWarning)
         signature = infer_signature(example_input, example_output, params={"origin": ""})
+    if optional_inputs:  # columns a table may leave out (a classifier's labels), which MLflow would demand
+        columns = signature.inputs.inputs
+        signature.inputs = Schema(
+            [ColSpec(c.type, c.name, required=c.name not in optional_inputs) for c in columns]
+        )
     requirements = []
     for package in ("torch", "lightning", "pandas", "numpy", "scikit-learn", "mlflow"):
         try:

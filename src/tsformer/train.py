@@ -6,8 +6,9 @@ them together in order:
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the task (family) is built with the input/output sizes of the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
-4. the test forecasts go to a CSV in original units; the model folder (weights, data contract,
-   scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
+4. the test forecasts go to a CSV in original units (a classifier's: the classes and probabilities
+   of every test sample, `classification_outputs.py`; `Job` is where the two jobs part); the model
+   folder (weights, data contract, scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
    the loggers and the MLflow run: it logs figures, scalers, the checkpoint, the CSV and a pyfunc
    model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or FAILED on any error.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
@@ -21,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +40,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import resume, settings, tracking
+from tsformer import classification_outputs, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.config import command_line, config_dir
 from tsformer.data.schema import DataValidationError
@@ -120,22 +122,60 @@ def _instantiate_settings(node: DictConfig, **kwargs):
         raise  # `main` finds a user error behind Hydra's wrapper
 
 
+def _forecast_sizes(datamodule) -> dict:
+    """What a forecasting (or reconstruction) task takes from its data."""
+    return {
+        "d_target": datamodule.d_target,
+        "d_known": datamodule.d_known,
+        "d_observed": datamodule.d_observed,
+        "d_static_num": datamodule.d_static_num,
+        "static_vocab_sizes": datamodule.static_vocab_sizes,
+        "target_names": datamodule.target_names,
+    }
+
+
+@dataclass(frozen=True)
+class Job:
+    """What differs between the application's jobs after the data module is set up: the sizes the
+    task takes from the data, the files written after the test, how they are logged (the run's
+    `MLflowRun` first) and the printed summary. The data module says which job it feeds (`job`)."""
+
+    task_sizes: Callable[..., dict]
+    write_outputs: Callable[..., object]
+    log_outputs: Callable[..., None]
+    print_summary: Callable[..., None]
+    task_kind: str  # what `model=` must build for it, for the error message
+    prepare_task: Callable[..., None] = lambda task, datamodule: None  # after it is built
+
+
+def job_of(datamodule) -> Job:
+    """The one place the jobs part: classification data (`tsformer.data.sequences`) or windows."""
+    return JOBS[getattr(datamodule, "job", "forecasting")]
+
+
 def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
-    """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels, with
-    its target scaling (for the metrics in original units); `baselines`: extra ones, beside the
-    naive baseline."""
-    task = _instantiate_settings(
-        model_cfg,
-        _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
-        d_target=datamodule.d_target,
-        d_known=datamodule.d_known,
-        d_observed=datamodule.d_observed,
-        d_static_num=datamodule.d_static_num,
-        static_vocab_sizes=datamodule.static_vocab_sizes,
-        target_names=datamodule.target_names,
-        baselines=baselines,
-    )
-    task.set_target_scaling(datamodule.features.target_scaler)
+    """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels and
+    prepared by its job (a forecaster gets the target scaling of its metrics in original units);
+    `baselines`: extra ones, beside the naive baseline (forecasting and reconstruction)."""
+    job = job_of(datamodule)
+    sizes = job.task_sizes(datamodule)
+    extra = {"baselines": baselines} if job is not JOBS["classification"] else {}
+    try:
+        task = _instantiate_settings(
+            model_cfg,
+            _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
+            **sizes,
+            **extra,
+        )
+    except InstantiationException as err:
+        cause = err.__cause__  # a model of another job refuses the sizes of this data
+        if isinstance(cause, TypeError) and any(f"'{k}'" in str(cause) for k in sizes):
+            raise SettingError(
+                f"model: {model_cfg.get('_target_')} does not take the data of data={datamodule.name} "
+                f"({job.task_kind}); {err.__cause__}"
+            ) from err
+        raise
+    job.prepare_task(task, datamodule)
     return task
 
 
@@ -157,6 +197,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg)
+    job = job_of(datamodule)
     recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed)
     trainer = _instantiate_trainer(cfg, recorder)
 
@@ -166,10 +207,10 @@ def run(cfg: DictConfig) -> RunResult | None:
         if tester is None:
             return None
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
-        outputs = _write_outputs(cfg, task, datamodule, recorder.run_id)
-        recorder.log_outputs(task, datamodule, outputs, best_ckpt)
+        outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
+        job.log_outputs(recorder, task, datamodule, outputs, best_ckpt)
 
-    _print_summary(recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
+    job.print_summary(recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
     return RunResult(
         metrics=metrics,
         run_id=recorder.run_id,
@@ -187,10 +228,12 @@ def _instantiate_data_and_task(cfg: DictConfig):
     datamodule = _instantiate_settings(cfg.data)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
-    if cfg.get("paths_file") and not (task.head.probabilistic and task.autoregressive):
+    head = getattr(task, "head", None)  # classification has no forecast head
+    if cfg.get("paths_file") and not (head is not None and head.probabilistic and task.autoregressive):
         raise SettingError(
             f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
-            f"student_t or quantile) sample paths; this run is {task.family} with head={task.head.kind}"
+            f"student_t or quantile) sample paths; this run is {task.family} with "
+            f"head={getattr(head, 'kind', None)}"
         )
     return datamodule, task
 
@@ -363,6 +406,26 @@ def _metric_table(metrics: dict[str, float], baselines: list) -> list[str]:
         keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
         lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
     return lines
+
+
+JOBS = {
+    "forecasting": Job(
+        _forecast_sizes,
+        _write_outputs,
+        MLflowRun.log_outputs,
+        _print_summary,
+        "a forecasting or "
+        "reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec",
+        lambda task, datamodule: task.set_target_scaling(datamodule.features.target_scaler),
+    ),
+    "classification": Job(
+        classification_outputs.task_sizes,
+        classification_outputs.write_outputs,
+        classification_outputs.log_outputs,
+        classification_outputs.print_summary,
+        "labelled sequences or streams, for model=enc_only_classifier",
+    ),
+}
 
 
 def _user_error(err: BaseException) -> BaseException | None:

@@ -113,12 +113,18 @@ def _tidy(times: pd.DatetimeIndex, columns: dict[str, np.ndarray]) -> pd.DataFra
 
 
 def simulate_plant(
-    n_series: int = 3, n_steps: int = 6000, freq: str = "1min", start: str = "2024-01-01", seed: int = 0
+    n_series: int = 3,
+    n_steps: int = 6000,
+    freq: str = "1min",
+    start: str = "2024-01-01",
+    seed: int = 0,
+    with_fouling: bool = False,
 ) -> pd.DataFrame:
     """Plant with known inputs (ambient pressure and temperature, supply voltage) and two lagged states.
 
     Columns: series_id, time, ambient_pressure, ambient_temperature, supply_voltage,
-    dynamic_temperature, dynamic_pressure. Equations in the module docstring.
+    dynamic_temperature, dynamic_pressure (and, `with_fouling`, the hidden fouling factor `fouling`).
+    Equations in the module docstring.
     """
     rng = np.random.default_rng(seed)
     warmup = 300
@@ -170,16 +176,33 @@ def simulate_plant(
     measured_temperature = temperature + 0.2 * rng.standard_normal((S, n_total))
     measured_pressure = pressure + 0.1 * rng.standard_normal((S, n_total))
     keep = slice(warmup, None)
-    return _tidy(
-        times[keep],
-        {
-            "ambient_pressure": ambient_pressure[:, keep],
-            "ambient_temperature": ambient_temperature[:, keep],
-            "supply_voltage": supply_voltage[:, keep],
-            "dynamic_temperature": measured_temperature[:, keep],
-            "dynamic_pressure": measured_pressure[:, keep],
-        },
-    )
+    columns = {
+        "ambient_pressure": ambient_pressure[:, keep],
+        "ambient_temperature": ambient_temperature[:, keep],
+        "supply_voltage": supply_voltage[:, keep],
+        "dynamic_temperature": measured_temperature[:, keep],
+        "dynamic_pressure": measured_pressure[:, keep],
+    }
+    if with_fouling:
+        columns["fouling"] = fouling[:, keep]
+    return _tidy(times[keep], columns)
+
+
+REGIMES = ("low", "normal", "high")  # fouling in U(0.9, 1.1) cut into thirds
+
+
+def simulate_plant_regimes(
+    n_series: int = 32, n_steps: int = 1500, freq: str = "1min", start: str = "2024-01-01", seed: int = 0
+) -> pd.DataFrame:
+    """The plant of `simulate_plant` with its hidden fouling regime as a label on every step: `regime`
+    is low (fouling < 0.9667), normal or high (> 1.0333), the thirds of its range U(0.9, 1.1); the
+    factor itself is not a column. Fouling scales the heating, so the regime shows in how far the
+    temperature rises above ambient for a given supply voltage (the series' own heating coefficient
+    varies too, which makes the task harder than reading one number)."""
+    table = simulate_plant(n_series, n_steps, freq, start, seed, with_fouling=True)
+    edges = np.linspace(0.9, 1.1, len(REGIMES) + 1)[1:-1]  # (2,): the inner edges of the thirds
+    regime = np.asarray(REGIMES)[np.searchsorted(edges, table.pop("fouling").to_numpy())]
+    return table.assign(regime=regime)
 
 
 def power_curve(wind_speed: np.ndarray, cut_in=3.0, rated_speed=12.0, cut_out=25.0, rated_power=3600.0):

@@ -1,11 +1,14 @@
-"""LightningModules: one per job (state reconstruction, masked fill-in, forecasting by family)."""
+"""LightningModules: one per job (state reconstruction, masked fill-in, forecasting by family, sequence
+classification)."""
 
 from tsformer.tasks.base import WindowTask
+from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.masked import MaskedFillIn
 from tsformer.tasks.reconstruction import ReconstructionTask
 
 __all__ = [
+    "ClassificationTask",
     "DecoderOnlyForecaster",
     "EncoderDecoderForecaster",
     "EncoderForecaster",

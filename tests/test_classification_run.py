@@ -1,0 +1,114 @@
+"""End to end: `python train.py experiment=plant_regime` (tiny) in an empty folder, then predict.py and the
+pyfunc model on the same stream: the classes and probabilities of the training CSV."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from conftest import REPO
+from tsformer.data.simulators import simulate_plant_regimes
+from tsformer.tasks.classification import METRICS
+
+pytestmark = pytest.mark.slow
+
+TINY_REGIME = [
+    "model.net.d_model=16",
+    "model.net.n_heads=2",
+    "model.net.n_layers=1",
+    "model.warmup_steps=2",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=3",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "data.source.n_series=8",
+    "data.source.n_steps=600",
+]
+KEYS = ["series_id", "window_end_time"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(completed train.py process, the folder it ran in): one tiny run shared by the tests."""
+    folder = tmp_path_factory.mktemp("plant_regime")
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "experiment=plant_regime",
+        *TINY_REGIME,
+        "hydra.run.dir=out",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, folder
+
+
+def the_run(folder):
+    client = MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(trained):
+    proc, folder = trained
+    client, run = the_run(folder)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["family"] == "enc_only_classifier"
+    for name in METRICS:
+        for key in (f"test/{name}", f"test/baseline_{name}", f"test/logistic_{name}"):
+            assert np.isfinite(run.data.metrics[key]), key
+    assert "val/loss" in run.data.metrics
+    artifacts = {
+        a.path
+        for f in ("plots", "forecasts", "checkpoints")
+        for a in client.list_artifacts(run.info.run_id, f)
+    }
+    for path in [
+        "plots/confusion_matrix.png",
+        "plots/reliability.png",
+        "forecasts/classes.csv",
+        "checkpoints/best.ckpt",
+    ]:
+        assert path in artifacts, (path, artifacts)
+    csv = pd.read_csv(folder / "out" / "classes.csv")
+    assert list(csv.columns) == [*KEYS, "y_true", "y_pred", "p_low", "p_normal", "p_high"]  # data.class_order
+    assert len(csv) == run.data.metrics["test/n_samples"]
+    assert np.allclose(csv[["p_low", "p_normal", "p_high"]].sum(axis=1), 1.0, atol=1e-6)
+    assert "balanced_accuracy" in proc.stdout and "classes CSV:" in proc.stdout
+
+
+def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained, tmp_path):
+    _, folder = trained
+    _, run = the_run(folder)
+    simulate_plant_regimes(n_series=8, n_steps=600).to_csv(tmp_path / "stream.csv", index=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(REPO / "predict.py"), run.info.run_id, str(tmp_path / "stream.csv")]
+    cmd += ["--output", str(tmp_path / "classes.csv")]
+    cli = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "classes CSV:" in cli.stdout
+    training = pd.read_csv(folder / "out" / "classes.csv", parse_dates=["window_end_time"])
+    probs = ["p_high", "p_low", "p_normal"]
+    mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+    pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    table = pd.read_csv(tmp_path / "stream.csv", parse_dates=["time"])
+    unlabelled = pyfunc.predict(table.drop(columns="regime"))  # labels are optional in the signature
+    assert unlabelled.y_true.isna().all() and len(unlabelled) == len(pyfunc.predict(table))
+    for new in (
+        pd.read_csv(tmp_path / "classes.csv", parse_dates=["window_end_time"]),
+        pyfunc.predict(table),
+    ):
+        new["window_end_time"] = pd.to_datetime(new["window_end_time"])
+        merged = training.merge(new, on=KEYS, suffixes=("", "_new"))
+        assert len(merged) == len(training)  # every test window is among the stream's windows
+        assert (merged.y_pred == merged.y_pred_new).all() and (merged.y_true == merged.y_true_new).all()
+        assert np.abs(merged[probs].to_numpy() - merged[[p + "_new" for p in probs]].to_numpy()).max() <= 1e-5
