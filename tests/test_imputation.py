@@ -6,6 +6,8 @@ through train.py checks the command end to end (slow)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 import numpy as np
@@ -135,9 +137,12 @@ def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("masked")
     old = os.getcwd()
     os.chdir(folder)
+    summary = io.StringIO()
     try:
         overrides = ["model=enc_only_masked", "model.context_len=50", *TINY]
-        return run(compose_config(overrides, folder / "out")), folder
+        with contextlib.redirect_stdout(summary):
+            result = run(compose_config(overrides, folder / "out"))
+        return result, folder, summary.getvalue()
     finally:
         os.chdir(old)
 
@@ -149,8 +154,11 @@ def test_predict_impute_end_to_end(trained, tmp_path, capsys):
     from tsformer.callbacks import WINDOW_MSE
     from tsformer.data import simulate_plant
 
-    result, folder = trained
+    result, folder, summary = trained
     assert {"test/mse", "test/baseline_mse", "test/mae_orig"} <= set(result.metrics)
+    # the summary's predict.py line is the one that works for this model
+    (line,) = [line for line in summary.splitlines() if "predict" in line and "<table.csv>" in line]
+    assert line.startswith("fill in missing values: ") and line.endswith("--impute --output filled.csv")
     # each test window's error is over its hidden values (the others have no y_pred)
     client = MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db")
     window_mse = pd.read_csv(client.download_artifacts(result.run_id, WINDOW_MSE, str(tmp_path))).mse

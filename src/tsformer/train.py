@@ -47,6 +47,7 @@ from tsformer.data.schema import DataValidationError
 from tsformer.export import forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.settings import SettingError
+from tsformer.tasks.base import WindowTask
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class RunOutputs:
     model_folder: Path
     example: pd.DataFrame  # a table from the data, as predict.py takes it
     example_forecasts: pd.DataFrame  # the saved model folder's forecasts of it
+    use: tuple[str, str] = WindowTask.use  # how predict.py uses the model: what it does, its options
 
 
 def _instantiate_settings(node: DictConfig, **kwargs):
@@ -291,7 +293,7 @@ def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> Run
     # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
     example = example_table(datamodule)
     example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-    return RunOutputs(csv_path, forecasts, paths_path, model_folder, example, example_forecasts)
+    return RunOutputs(csv_path, forecasts, paths_path, model_folder, example, example_forecasts, task.use)
 
 
 def _refuse_used_output_folder(cfg: DictConfig) -> None:
@@ -383,9 +385,8 @@ def _print_summary(logger, metrics: dict[str, float], baselines: list, outputs: 
         f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)"
     )
     ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    lines.append(
-        f"forecast new data: {command_line('predict', str(ref), '<table.csv>', '--output forecasts.csv')}"
-    )
+    what, options = outputs.use
+    lines.append(f"{what}: {command_line('predict', str(ref), '<table.csv>', *options.split())}")
     lines.append("=" * 72)
     if outputs.paths_path is not None:
         lines.append(f"sampled paths: {outputs.paths_path.resolve()}")

@@ -90,6 +90,7 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
 
 class WindowTask(L.LightningModule):
     family = "base"  # the name used for runs and tags
+    use = ("forecast new data", "--output forecasts.csv")  # the summary's predict.py line: what, options
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ class LinearInterpolation:
 
 class MaskedFillIn(WindowTask):
     family = "enc_only"
+    use = ("fill in missing values", "--impute --output filled.csv")
 
     def __init__(
         self,
