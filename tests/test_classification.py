@@ -4,6 +4,8 @@ the model folder and predict.py, the config dispatch; a train.py run (slow) and 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -107,6 +109,20 @@ def test_sequences_are_one_sample_each_and_no_val_or_test_series_is_dropped():
     # scaled with the training series only: their channels have mean 0
     train_rows = np.concatenate(dm.datasets["train"].samples)
     assert np.allclose(train_rows.mean(axis=0), 0, atol=1e-5)
+
+
+def test_under_ddp_each_val_and_test_sample_is_evaluated_by_one_process():
+    """Two processes' val/test loaders together hold every sample once (Lightning's sampler would
+    repeat samples to even out the processes)."""
+    dm = SequenceDataModule(sequences_table(n_series=30), test_fraction=0.2, val_fraction=0.25, seed=3)
+    dm.setup()
+    for split, loader in (("val", dm.val_dataloader), ("test", dm.test_dataloader)):
+        seen = []
+        for rank in (0, 1):
+            dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+            seen += [int(i) for i in loader().sampler]
+        del dm.trainer
+        assert sorted(seen) == list(range(len(dm.datasets[split])))
 
 
 def test_class_order_orders_the_classes_and_must_hold_every_training_class():

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from tsformer.data.datamodule import SPLITS, TimeSeriesDataModule
+from tsformer.data.datamodule import SPLITS, EvalShard, TimeSeriesDataModule
 from tsformer.data.features import Affine, check_scaler
 from tsformer.data.schema import DataValidationError, describe_row, plain
 from tsformer.data.sources import find_first, load_table, shared_data_folders
@@ -233,10 +233,17 @@ class ClassificationData(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         self.setup()
         train = split == "train"
+        dataset = self.datasets[split]
+        # under DDP each val/test sample is evaluated by exactly one process (Lightning's own sampler
+        # would repeat some to even out the processes, and count them twice)
+        trainer = getattr(self, "trainer", None)
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        order = np.arange(len(dataset))
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
             shuffle=train,
+            sampler=None if train else EvalShard(dataset, order, replicas, rank),
             drop_last=False,  # every val/test sample is evaluated
             collate_fn=pad_batch,
             num_workers=self.num_workers,
