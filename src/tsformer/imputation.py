@@ -81,14 +81,41 @@ def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input tab
     schema = replace(c.schema, time_format=time_format or c.time_format)
     clean = schema.validate(table, source, may_be_empty=set(schema.value_cols)).reset_index(names="file_row")
     clean["_filled"] = False
-    n = c.context_len
-    step = fixed_step(pd.tseries.frequencies.to_offset(c.freq)).to_timedelta64()
     values = clean[c.target_cols].to_numpy(np.float64)  # (rows, Dy)
     empty = np.isnan(values)
+    filler, reasons = _filling_windows(clean, c)
+    needs = empty.any(axis=1)
+    filled = np.zeros_like(empty)
+    out_values = values.copy()
+    starts = np.unique(filler[needs & (filler >= 0)])  # the windows that fill something
+    if len(starts):
+        pred, observed_any = _restore(forecaster, clean, values, starts)  # (W, N, Dy) original units, (W,)
+        position = {int(s): k for k, s in enumerate(starts)}
+        for row in np.flatnonzero(needs & (filler >= 0)):
+            k = position[int(filler[row])]
+            if not observed_any[k]:
+                reasons[row] = (
+                    f"its window of {c.context_len} rows holds no observed value of {c.target_cols}"
+                )
+                continue
+            cells = empty[row]
+            out_values[row, cells] = pred[k, row - starts[k], cells]
+            filled[row, cells] = True
+    file_rows = clean["file_row"].to_numpy()
+    result = _with_fills(table, [originals[col] for col in c.target_cols], file_rows, filled, out_values)
+    unfilled = sorted(int(file_rows[r]) for r in np.flatnonzero(needs) if not filled[r][empty[r]].all())
+    by_file_row = {int(file_rows[r]): why for r, why in reasons.items()}
+    return Imputation(result, int(filled.sum()), unfilled, {r: by_file_row[r] for r in unfilled})
+
+
+def _filling_windows(clean: pd.DataFrame, c) -> tuple[np.ndarray, dict[int, str]]:
+    """Per row (position in `clean`), the start row of the window that fills it (-1: none), and why a
+    row has none: an empty input, or a gap-free run shorter than the window."""
+    n = c.context_len
+    step = fixed_step(pd.tseries.frequencies.to_offset(c.freq)).to_timedelta64()
     inputs_complete = ~clean[[*c.known_cols, *c.observed_cols]].isna().any(axis=1).to_numpy()
     times = clean[c.time_col].to_numpy()
-
-    filler = np.full(len(clean), -1, dtype=np.int64)  # row -> start row (position in clean) of its window
+    filler = np.full(len(clean), -1, dtype=np.int64)
     reasons: dict[int, str] = {}
     for rows in _series_positions(clean, c).values():
         usable = rows[inputs_complete[rows]]
@@ -102,34 +129,27 @@ def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input tab
                 continue
             starts = window_of(np.arange(len(run)), len(run), n)  # (L,) run position of each row's window
             filler[run] = run[starts]
-    needs = empty.any(axis=1)
-    starts = np.unique(filler[needs & (filler >= 0)])  # the windows that fill something
-    filled = np.zeros_like(empty)
-    out_values = values.copy()
-    if len(starts):
-        windows = [(None, s, s, s + n) for s in starts]
-        batch, _ = forecaster._batch(clean, windows)
-        idx = starts[:, None] + np.arange(n)  # (W, N) rows of `clean`
-        scaled = c.target_scaler.transform(values)  # (rows, Dy), NaN where empty
-        batch["hist_target"] = torch.as_tensor(scaled[idx], dtype=torch.float32)  # (W, N, Dy)
-        observed_any = ~np.isnan(scaled[idx]).all(axis=(1, 2))  # (W,)
-        with torch.inference_mode():
-            pred = torch.cat([task.forecast(_slice(batch, i, i + 256)) for i in range(0, len(starts), 256)])
-        pred = c.target_scaler.inverse(pred.double().numpy())  # (W, N, Dy) original units
-        position = {int(s): k for k, s in enumerate(starts)}
-        for row in np.flatnonzero(needs & (filler >= 0)):
-            k = position[int(filler[row])]
-            if not observed_any[k]:
-                reasons[row] = f"its window of {n} rows holds no observed value of {c.target_cols}"
-                continue
-            cells = empty[row]
-            out_values[row, cells] = pred[k, row - starts[k], cells]
-            filled[row, cells] = True
+    return filler, reasons
 
-    file_rows = clean["file_row"].to_numpy()
+
+def _restore(forecaster: Forecaster, clean: pd.DataFrame, values: np.ndarray, starts: np.ndarray):
+    """The model's values `(W, N, Dy)` (original units) of the windows starting at rows `starts`, their
+    empty cells hidden, and whether each window holds an observed value at all `(W,)`."""
+    c, n = forecaster.contract, forecaster.contract.context_len
+    batch, _ = forecaster._batch(clean, [(None, s, s, s + n) for s in starts])
+    idx = starts[:, None] + np.arange(n)  # (W, N) rows of `clean`
+    scaled = c.target_scaler.transform(values)  # (rows, Dy), NaN where empty
+    batch["hist_target"] = torch.as_tensor(scaled[idx], dtype=torch.float32)  # (W, N, Dy)
+    observed_any = ~np.isnan(scaled[idx]).all(axis=(1, 2))  # (W,)
+    with torch.inference_mode():
+        parts = [forecaster.task.forecast(_slice(batch, i, i + 256)) for i in range(0, len(starts), 256)]
+    return c.target_scaler.inverse(torch.cat(parts).double().numpy()), observed_any
+
+
+def _with_fills(table, names, file_rows, filled, out_values) -> pd.DataFrame:
+    """`table` with the `filled` cells `(rows, Dy)` of the columns `names` set, and their flag columns."""
     result = table.copy()
-    for j, col in enumerate(c.target_cols):
-        name = originals[col]
+    for j, name in enumerate(names):
         at = file_rows[filled[:, j]]
         column = result[name].astype(np.float64) if filled[:, j].any() else result[name]
         column.iloc[at] = out_values[filled[:, j], j]
@@ -137,9 +157,7 @@ def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input tab
         flag = np.zeros(len(result), dtype=bool)
         flag[at] = True
         result[f"{name}{FLAG_SUFFIX}"] = flag
-    unfilled = sorted(int(file_rows[r]) for r in np.flatnonzero(needs) if not filled[r][empty[r]].all())
-    by_file_row = {int(file_rows[r]): why for r, why in reasons.items()}
-    return Imputation(result, int(filled.sum()), unfilled, {r: by_file_row[r] for r in unfilled})
+    return result
 
 
 def _original_names(table: pd.DataFrame, columns: list[str]) -> dict[str, str]:
