@@ -73,7 +73,7 @@ def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input tab
         )
     originals = _original_names(table, c.target_cols)
     flags = [f"{originals[col]}{FLAG_SUFFIX}" for col in c.target_cols]
-    taken = [f for f in flags if f in table.columns]
+    taken = sorted(set(flags).intersection(table.columns))
     if taken:
         raise DataValidationError(
             f"{source}: column '{taken[0]}' exists already: rename it, --impute writes it"
