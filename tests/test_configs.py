@@ -16,7 +16,7 @@ CONF = Path(CONFIG_DIR)
 REAL_DATA = {"ett", "gas_turbine", "imputation_ett", "wind_scada", "wind_scada_forecast_error"}
 # classification's options (labelled data, model=enc_only_classifier): tested with each other, below
 CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
-CLASSIFICATION |= {"japanese_vowels", "osuleaf", "basic_motions"}
+CLASSIFICATION |= {"japanese_vowels", "osuleaf", "basic_motions"}  # the archive sets (needs_data)
 
 
 def options(group: str, job: str = "forecasting") -> list[str]:
@@ -114,7 +114,12 @@ def test_each_experiment(experiment, in_tmp):
     assert dm.n_windows("test") > 0
 
 
-@pytest.mark.parametrize("experiment", options("experiment", "classification"))
+ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive sets
+
+
+@pytest.mark.parametrize(
+    "experiment", marked(options("experiment", "classification"), ARCHIVE, pytest.mark.needs_data)
+)
 def test_each_classification_experiment(experiment, in_tmp):
     """Each builds its data and the classifier sized for it (an archive set is skipped where absent)."""
     small = ["data.source.n_series=8", "data.source.n_steps=600"] if experiment == "plant_regime" else []
