@@ -16,7 +16,8 @@ CONF = Path(CONFIG_DIR)
 REAL_DATA = {"ett", "gas_turbine", "imputation_ett", "wind_scada", "wind_scada_forecast_error"}
 # classification's options (labelled data, model=enc_only_classifier): tested with each other, below
 CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
-CLASSIFICATION |= {"japanese_vowels", "osuleaf", "basic_motions"}  # the archive sets (needs_data)
+ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive sets (needs_data)
+CLASSIFICATION |= ARCHIVE
 
 
 def options(group: str, job: str = "forecasting") -> list[str]:
@@ -112,9 +113,6 @@ def test_each_experiment(experiment, in_tmp):
     cfg = compose_small([f"experiment={experiment}"], in_tmp / "out")
     dm, _ = build(cfg)
     assert dm.n_windows("test") > 0
-
-
-ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive sets
 
 
 @pytest.mark.parametrize(
