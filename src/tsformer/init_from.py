@@ -76,12 +76,10 @@ def resolve(reference: str, tracking_uri: str | None) -> Source:
             model = load_model(folder)
     except (FileNotFoundError, ValueError, tracking.TrackingServerUnreachable) as err:
         raise SettingError(f"{where}: {err}") from err  # ModelFolderError is a ValueError
-    local = Path(reference).expanduser().is_dir()
-    location = (
-        str(folder.resolve())
-        if local
-        else (f"runs:/{reference}/model" if RUN_ID.match(reference) else reference)
-    )
+    if Path(reference).expanduser().is_dir():
+        location = str(folder.resolve())
+    else:  # the temporary download is gone: the URI it came from
+        location = f"runs:/{reference}/model" if RUN_ID.match(reference) else reference
     state = {k: v.detach().clone() for k, v in model.task.state_dict().items()}
     vocabularies = getattr(model.contract, "static_vocabularies", None)
     return Source(reference, location, model.info.run_id, model.task, state, vocabularies)
@@ -110,13 +108,7 @@ def load_into(
         )
     own = task.state_dict()
     same_task = type(source.task) is type(task)
-    if same_task:
-        what = "this run's network (a refit takes every weight: same data columns, window and sizes)"
-    else:
-        what = (
-            "this run's Transformer blocks (another task takes the blocks: same d_model, n_heads, "
-            "n_layers, ffn_expansion)"
-        )
+    what = "this run's network (a refit takes every weight)" if same_task else "this run's Transformer blocks"
     wanted, offered = _part(task, own, same_task), _part(source.task, source.state, same_task)
     problem = _misfit(source.state, own, wanted, offered)
     if problem:
