@@ -42,7 +42,9 @@ WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled u
 class MLflowRun(Callback):
     """The run's loggers (`loggers`) and the lifecycle of its MLflow run (see the module docstring)."""
 
-    def __init__(self, cfg: DictConfig, run_name: str, resumed: resume.Resume | None):
+    def __init__(
+        self, cfg: DictConfig, run_name: str, resumed: resume.Resume | None, tags: dict | None = None
+    ):
         _fill_in_loggers(cfg, run_name, resumed)  # in place: the checkpoints keep the filled-in config
         self.loggers: list = []
         if rank_zero_only.rank == 0:  # rank the launcher gave; `trainer.is_global_zero` decides later
@@ -52,6 +54,7 @@ class MLflowRun(Callback):
         self.logger = tracking.find_mlflow_logger(self.loggers)
         self.cfg = cfg
         self.resumed = resumed
+        self.tags = dict(tags or {})  # a new run's extra tags (init_from: where its weights came from)
         self.opened = False  # True once the MLflow run may exist: from then on it is never left RUNNING
         self._fit_start = 0.0
 
@@ -127,6 +130,7 @@ class MLflowRun(Callback):
         }
         tags.update(sweep.trial_tags())  # in a sweep: its folder, the trial, the sweep's parent run
         tags["output_dir"] = str(self.cfg.paths.output_dir)
+        tags.update(self.tags)
         if trainer.checkpoint_callback:
             tags["checkpoint_dir"] = str(trainer.checkpoint_callback.dirpath)
         config = OmegaConf.to_container(self.cfg, resolve=True)  # plain values: tracking never sees the cfg

@@ -11,7 +11,8 @@ them together in order:
    folder (weights, data contract, scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
    the loggers and the MLflow run: it logs figures, scalers, the checkpoint, the CSV and a pyfunc
    model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or FAILED on any error.
-`resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`).
+`resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`);
+`init_from=<run id | output folder | model folder>` starts from a saved model's weights (`init_from.py`).
 With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
 process alone (`_one_process_for_test`).
 """
@@ -40,7 +41,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import classification_outputs, resume, settings, tracking
+from tsformer import classification_outputs, init_from, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.config import command_line, config_dir
 from tsformer.data.schema import DataValidationError
@@ -196,11 +197,17 @@ def run(cfg: DictConfig) -> RunResult | None:
         cfg = resumed.config
     elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
         _refuse_used_output_folder(cfg)
+    source = _init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg)
+    if source is not None:
+        features = getattr(datamodule, "features", None)  # classification data has no static embeddings
+        vocabularies = features.static_vocabularies if features is not None else None
+        init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
     job = job_of(datamodule)
-    recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed)
+    tags = source.tags() if source is not None else {}
+    recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed, tags)
     trainer = _instantiate_trainer(cfg, recorder)
 
     with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"), recorder.recording():
@@ -222,6 +229,17 @@ def run(cfg: DictConfig) -> RunResult | None:
         forecasts=outputs.forecasts,
         paths_path=outputs.paths_path,
     )
+
+
+def _init_source(cfg: DictConfig) -> init_from.Source | None:
+    """The model `cfg.init_from` names, loaded before the data is read (None without init_from); a run
+    id is looked up in the run's own tracking URI."""
+    if not cfg.get("init_from"):
+        return None
+    with tracking.restore_env("MLFLOW_TRACKING_URI"):  # a download sets it for the whole process
+        found = tracking.mlflow_logger_entry(cfg)
+        uri = tracking.absolute_sqlite_uri(found[1].tracking_uri) if found is not None else None
+        return init_from.resolve(str(cfg.init_from), uri)
 
 
 def _instantiate_data_and_task(cfg: DictConfig):

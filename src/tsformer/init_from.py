@@ -1,0 +1,179 @@
+"""`init_from=<run id | output folder | model folder>`: start a training from a saved model's weights.
+
+The reference is resolved as `predict.py` resolves its MODEL (`predict.resolve_model`: a folder, an
+MLflow run id or a runs:/ or models:/ URI, downloaded from the run's tracking URI) and the model
+loaded and checked (`classifier.load_model`) before the data is read. Once the new task is built,
+`load_into` copies the weights that fit into it, by this rule:
+
+- the networks must be of one class (the family's: `EncoderOnly`, `DecoderOnly`,
+  `EncoderDecoder`): another family's weights mean nothing to this one;
+- the same task class (a refit: a forecaster or a reconstruction model on newer data, typically
+  with a small `model.lr`): every tensor is taken, and every one must fit by name and shape; other
+  channels, another horizon or other network sizes stop the run;
+- another task on the same network (masked fill-in -> classifier or reconstruction): the
+  Transformer blocks (every `TransformerStack`, with its final norm; all of them must fit) and
+  learned positions that fit by name and shape.
+Either way the blocks' settings (`BLOCK_SETTINGS`: d_model, n_heads, n_layers, ...) must be the model's:
+some of them (n_heads, norm) change what the weights mean without changing a shape.
+  The input projections are never taken: each task lays its inputs out its own way (masked fill-in
+  reads values, mask flags and covariates; reconstruction the covariates; a classifier the
+  channels), so a width that happens to match would still mean other inputs. Neither are the heads,
+  [CLS] token, linear skip, static embeddings and RevIN affine of the other task: they answer
+  another question.
+The task's own buffers (a classifier's class weights, a distribution head's spread factors) always
+come from the new run's data and calibration. What does not fit stops the run with one
+`SettingError` line, before any MLflow run exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tsformer import tracking
+from tsformer.settings import SettingError
+
+log = logging.getLogger(__name__)
+
+# the `model.net` settings that make the Transformer blocks what they are (`nn.config.TransformerConfig`)
+BLOCK_SETTINGS = (
+    "d_model", "n_heads", "n_layers", "ffn_expansion", "activation", "norm", "norm_layer", "residual_attention",
+)  # fmt: skip
+
+
+@dataclass
+class Source:
+    """The model `init_from` names, loaded."""
+
+    reference: str  # as given
+    location: str  # the model folder, or the MLflow URI it was downloaded from
+    run_id: str | None  # the run that trained it (its tsformer.json), if known
+    task: torch.nn.Module  # the task with its weights
+    state: dict[str, torch.Tensor]
+    vocabularies: dict | None  # the categories of its static embeddings (None: a classifier has none)
+
+    def tags(self) -> dict[str, str]:
+        """What the new MLflow run records about where it started."""
+        tags = {"init_from": self.location}
+        if self.run_id:
+            tags["init_from_run_id"] = self.run_id
+        return tags
+
+
+def resolve(reference: str, tracking_uri: str | None) -> Source:
+    """The model `reference` names, loaded; a reference that names none: one `SettingError` line."""
+    from tsformer.classifier import load_model
+    from tsformer.predict import RUN_ID, resolve_model
+
+    where = f"init_from={reference}"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = resolve_model(reference, tracking_uri, Path(tmp))
+            model = load_model(folder)
+    except (FileNotFoundError, ValueError, tracking.TrackingServerUnreachable) as err:
+        raise SettingError(f"{where}: {err}") from err  # ModelFolderError is a ValueError
+    if Path(reference).expanduser().is_dir():
+        location = str(folder.resolve())
+    else:  # the temporary download is gone: the URI it came from
+        location = f"runs:/{reference}/model" if RUN_ID.match(reference) else reference
+    state = {k: v.detach().clone() for k, v in model.task.state_dict().items()}
+    vocabularies = getattr(model.contract, "static_vocabularies", None)
+    return Source(reference, location, model.info.run_id, model.task, state, vocabularies)
+
+
+def load_into(
+    task: torch.nn.Module, source: Source, vocabularies: dict | None = None
+) -> dict[str, list[str]]:
+    """Copy `source`'s weights that fit into `task` by the module docstring's rule; returns the
+    names `{"taken": [...], "fresh": [...]}` (fresh: left at their initialisation) and logs them.
+    `vocabularies`: the new data's static categories, which a refit's embeddings must share."""
+    where = f"init_from={source.reference}"
+    if source.location != source.reference:
+        where += f" (model {source.location})"
+    theirs, ours = type(source.task.net).__name__, type(task.net).__name__
+    if theirs != ours:
+        raise SettingError(
+            f"{where} is {type(source.task).__name__} ({source.task.family}, network {theirs}); this run "
+            f"builds {type(task).__name__} ({task.family}, network {ours}): no weights carry over; "
+            "start from a model of the same family, or drop init_from"
+        )
+    settings = _block_settings_that_differ(source.task, task)
+    if settings:
+        raise SettingError(
+            f"{where}: its Transformer blocks do not fit this run's: {settings}; give the model's settings"
+        )
+    own = task.state_dict()
+    same_task = type(source.task) is type(task)
+    what = "this run's network (a refit takes every weight)" if same_task else "this run's Transformer blocks"
+    wanted, offered = _part(task, own, same_task), _part(source.task, source.state, same_task)
+    problem = _misfit(source.state, own, wanted, offered)
+    if problem:
+        raise SettingError(f"{where} does not fit {what}: {problem}")
+    if same_task and source.vocabularies and vocabularies is not None and source.vocabularies != vocabularies:
+        raise SettingError(
+            f"{where}: its static embeddings are of the categories {source.vocabularies}, this data's are "
+            f"{vocabularies} (data.static_categorical_cols): a refit needs the same categories"
+        )
+    if not same_task:  # learned positions: wherever they fit
+        wanted += [
+            k
+            for k in own
+            if ".positional." in k and k in source.state and source.state[k].shape == own[k].shape
+        ]
+    task.load_state_dict({k: source.state[k] for k in wanted}, strict=False)
+    fresh = [k for k in own if k not in set(wanted)]
+    log.info(
+        "init_from=%s: loaded %d of %d tensors from %s%s%s; left at their initialisation: %s",
+        source.reference,
+        len(wanted),
+        len(own),
+        source.location,
+        f" (run {source.run_id})" if source.run_id else "",
+        "" if same_task else f", the Transformer blocks of a {type(source.task).__name__}",
+        ", ".join(fresh) or "none",
+    )
+    return {"taken": wanted, "fresh": fresh}
+
+
+def _block_settings_that_differ(theirs: torch.nn.Module, ours: torch.nn.Module) -> str:
+    """The `model.net` settings of the blocks that differ ("" when none): some (n_heads, norm) leave
+    every shape as it is but change what the weights mean."""
+    a, b = dict(theirs.hparams["net"]), dict(ours.hparams["net"])
+    differ = [k for k in BLOCK_SETTINGS if a.get(k) != b.get(k)]
+    return ", ".join(f"model.net.{k}={b.get(k)} here, {a.get(k)} in the model" for k in differ)
+
+
+def _part(task: torch.nn.Module, state: dict, same_task: bool) -> list[str]:
+    """The entries of `task`'s `state` that a start from another model must fill: every one but the
+    task's own buffers (same task), or those of its Transformer stacks (another task)."""
+    from tsformer.nn.blocks import TransformerStack
+
+    if same_task:
+        from_data = {name for name, _ in task.named_buffers(recurse=False)}  # class weights, spread factors
+        return [k for k in state if k not in from_data]
+    stacks = tuple(f"{name}." for name, m in task.named_modules() if isinstance(m, TransformerStack))
+    return [k for k in state if k.startswith(stacks)]
+
+
+def _misfit(state: dict, own: dict, wanted: list[str], offered: list[str]) -> str:
+    """How the source's `state` (its part `offered`) fails the `wanted` entries of the new `own` state
+    ("" when it fits: the same names, each of the same shape)."""
+    missing = [k for k in wanted if k not in state]
+    extra = [k for k in offered if k not in own]
+    reshaped = [k for k in wanted if k in state and state[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) it lacks (e.g. {missing[0]!r})")
+    if extra:
+        problems.append(f"{len(extra)} it has and this run has not (e.g. {extra[0]!r})")
+    if reshaped:
+        k = reshaped[0]
+        problems.append(
+            f"{len(reshaped)} of another shape (e.g. {k!r}: {list(state[k].shape)} there, "
+            f"{list(own[k].shape)} here)"
+        )
+    return ", ".join(problems)
