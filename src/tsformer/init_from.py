@@ -91,33 +91,9 @@ def load_into(
     """Copy `source`'s weights that fit into `task` by the module docstring's rule; returns the
     names `{"taken": [...], "fresh": [...]}` (fresh: left at their initialisation) and logs them.
     `vocabularies`: the new data's static categories, which a refit's embeddings must share."""
-    where = f"init_from={source.reference}"
-    if source.location != source.reference:
-        where += f" (model {source.location})"
-    theirs, ours = type(source.task.net).__name__, type(task.net).__name__
-    if theirs != ours:
-        raise SettingError(
-            f"{where} is {type(source.task).__name__} ({source.task.family}, network {theirs}); this run "
-            f"builds {type(task).__name__} ({task.family}, network {ours}): no weights carry over; "
-            "start from a model of the same family, or drop init_from"
-        )
-    settings = _block_settings_that_differ(source.task, task)
-    if settings:
-        raise SettingError(
-            f"{where}: its Transformer blocks do not fit this run's: {settings}; give the model's settings"
-        )
     own = task.state_dict()
     same_task = type(source.task) is type(task)
-    what = "this run's network (a refit takes every weight)" if same_task else "this run's Transformer blocks"
-    wanted, offered = _part(task, own, same_task), _part(source.task, source.state, same_task)
-    problem = _misfit(source.state, own, wanted, offered)
-    if problem:
-        raise SettingError(f"{where} does not fit {what}: {problem}")
-    if same_task and source.vocabularies and vocabularies is not None and source.vocabularies != vocabularies:
-        raise SettingError(
-            f"{where}: its static embeddings are of the categories {source.vocabularies}, this data's are "
-            f"{vocabularies} (data.static_categorical_cols): a refit needs the same categories"
-        )
+    wanted = _fitting_part(task, own, source, same_task, vocabularies)
     if not same_task:  # learned positions: wherever they fit
         wanted += [
             k
@@ -137,6 +113,37 @@ def load_into(
         ", ".join(fresh) or "none",
     )
     return {"taken": wanted, "fresh": fresh}
+
+
+def _fitting_part(task, own: dict, source: Source, same_task: bool, vocabularies) -> list[str]:
+    """The names of `own` (the new task's state) that `source` must and can fill: every weight (a refit)
+    or the Transformer blocks (another task); a `SettingError` naming what does not fit otherwise."""
+    where = f"init_from={source.reference}"
+    if source.location != source.reference:
+        where += f" (model {source.location})"
+    theirs, ours = type(source.task.net).__name__, type(task.net).__name__
+    if theirs != ours:
+        raise SettingError(
+            f"{where} is {type(source.task).__name__} ({source.task.family}, network {theirs}); this run "
+            f"builds {type(task).__name__} ({task.family}, network {ours}): no weights carry over; "
+            "start from a model of the same family, or drop init_from"
+        )
+    settings = _block_settings_that_differ(source.task, task)
+    if settings:
+        raise SettingError(
+            f"{where}: its Transformer blocks do not fit this run's: {settings}; give the model's settings"
+        )
+    what = "this run's network (a refit takes every weight)" if same_task else "this run's Transformer blocks"
+    wanted, offered = _part(task, own, same_task), _part(source.task, source.state, same_task)
+    problem = _misfit(source.state, own, wanted, offered)
+    if problem:
+        raise SettingError(f"{where} does not fit {what}: {problem}")
+    if same_task and source.vocabularies and vocabularies is not None and source.vocabularies != vocabularies:
+        raise SettingError(
+            f"{where}: its static embeddings are of the categories {source.vocabularies}, this data's are "
+            f"{vocabularies} (data.static_categorical_cols): a refit needs the same categories"
+        )
+    return wanted
 
 
 def _block_settings_that_differ(theirs: torch.nn.Module, ours: torch.nn.Module) -> str:
