@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 from conftest import REPO
 from tsformer.data.simulators import simulate_plant_regimes
 from tsformer.tasks.classification import METRICS
+from tsformer.tracking import restore_env
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +99,9 @@ def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained,
     assert "classes CSV:" in cli.stdout
     training = pd.read_csv(folder / "out" / "classes.csv", parse_dates=["window_end_time"])
     probs = ["p_high", "p_low", "p_normal"]
-    mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
-    pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    with restore_env("MLFLOW_TRACKING_URI"):  # set_tracking_uri sets it for the rest of the process
+        mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+        pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
     table = pd.read_csv(tmp_path / "stream.csv", parse_dates=["time"])
     unlabelled = pyfunc.predict(table.drop(columns="regime"))  # labels are optional in the signature
     assert unlabelled.y_true.isna().all() and len(unlabelled) == len(pyfunc.predict(table))

@@ -6,7 +6,9 @@ Transformer blocks taken by a classifier, and refused by another family and othe
 from __future__ import annotations
 
 import logging
+import os
 
+import mlflow
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -16,6 +18,7 @@ from conftest import TINY
 from tsformer import init_from
 from tsformer.forecaster import WEIGHTS_FILE
 from tsformer.settings import SettingError
+from tsformer.tracking import restore_env
 from tsformer.train import build_task, compose_config, run
 
 MASKED = ["model=enc_only_masked", "model.context_len=48", *TINY]
@@ -81,7 +84,12 @@ def test_a_refit_starts_from_every_weight_and_records_where_from(source, tmp_pat
 @pytest.mark.slow
 def test_a_run_id_names_the_model_of_that_run(source):
     result, folder = source
-    loaded = init_from.resolve(result.run_id, f"sqlite:///{folder}/mlflow.db")
+    elsewhere = f"sqlite:///{folder}/elsewhere.db"  # where this process logs, as far as MLflow knows
+    with restore_env("MLFLOW_TRACKING_URI"):
+        mlflow.set_tracking_uri(elsewhere)
+        loaded = init_from.resolve(result.run_id, f"sqlite:///{folder}/mlflow.db")
+        # the process's runs after it still log where they did
+        assert mlflow.get_tracking_uri() == os.environ["MLFLOW_TRACKING_URI"] == elsewhere
     assert loaded.location == f"runs:/{result.run_id}/model" and loaded.run_id == result.run_id
     weights = torch.load(result.model_folder / WEIGHTS_FILE, weights_only=True)
     assert all(torch.equal(loaded.state[k], weights[k]) for k in weights)

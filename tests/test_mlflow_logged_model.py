@@ -53,8 +53,10 @@ def test_the_pyfunc_model_is_the_runs_logged_model(logged):
     assert version.source == f"models:/{model.model_id}" and version.run_id == result.run_id
 
 
-def test_runs_uri_registry_uri_and_predict_py_find_the_logged_model(logged, tmp_path):
+def test_runs_uri_registry_uri_and_predict_py_find_the_logged_model(logged, tmp_path, monkeypatch):
     result, client, _ = logged
+    # set_tracking_uri also sets $MLFLOW_TRACKING_URI: monkeypatch takes it back after the test
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     mlflow.set_tracking_uri(client.tracking_uri)
     for uri in [f"runs:/{result.run_id}/model", "models:/tiny-logged/1"]:
         pyfunc = mlflow.pyfunc.load_model(uri)

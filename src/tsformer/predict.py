@@ -64,7 +64,7 @@ def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -
         )
     import mlflow
 
-    from tsformer.tracking import absolute_sqlite_uri, require_reachable
+    from tsformer.tracking import absolute_sqlite_uri, require_reachable, tracking_uri_for
 
     if tracking_uri:
         uri, setting = tracking_uri, "--tracking-uri"
@@ -82,9 +82,9 @@ def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -
         )
     # the check does not retry; the download keeps the user's MLFLOW_HTTP_REQUEST_* settings
     require_reachable(uri, setting, f"start the server, correct the URI, {instead}")
-    mlflow.set_tracking_uri(uri)
-    try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(download_to))
+    try:  # MLflow finds a run's logged model through its process-wide URI: set for the download only
+        with tracking_uri_for(uri):
+            local = mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(download_to))
     except mlflow.exceptions.MlflowException as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(f"cannot fetch model {reference!r} from MLflow at {uri}: {reason}") from err

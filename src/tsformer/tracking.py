@@ -92,6 +92,17 @@ def restore_env(name: str):
             os.environ[name] = before
 
 
+@contextmanager
+def tracking_uri_for(uri: str):
+    """MLflow's process-wide tracking URI set to `uri` inside the block, and put back after it with
+    $MLFLOW_TRACKING_URI: a model fetched in a training (init_from) or a test must not move the
+    runs that follow into that database."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    with restore_env("MLFLOW_TRACKING_URI"), _use_tracking_uri(uri):
+        yield
+
+
 def find_mlflow_logger(loggers) -> MLFlowLogger | None:
     from lightning.pytorch.loggers import MLFlowLogger
 
