@@ -390,7 +390,7 @@ def _network_problems(c: DataContract, hparams: dict):
 def _load_weights(task: WindowTask, path: Path) -> None:
     """`weights.pt` into `task`, once every name and shape is known to fit and every value is finite."""
     state = _read_weights(path)
-    mismatch = _mismatch(state, task.state_dict())
+    mismatch = state_mismatch(state, task.state_dict())
     if mismatch:
         raise ModelFolderError(
             f"{path} does not fit the network {CONFIG_FILE} describes: {mismatch};"
@@ -422,11 +422,15 @@ def _read_weights(path: Path) -> dict:
     return state
 
 
-def _mismatch(state: dict, own: dict) -> str:
-    """How the weights `state` do not fit the network's own state dict `own` ("" when they fit)."""
-    missing = [k for k in own if k not in state]
-    unknown = [k for k in state if k not in own]
-    reshaped = [k for k in own if k in state and state[k].shape != own[k].shape]
+def state_mismatch(state: dict, own: dict, wanted=None, offered=None) -> str:
+    """How the weights `state` do not fit the network's own state dict `own` ("" when they fit): the
+    names of `wanted` (default: all of `own`) it lacks or holds in another shape, and the names of
+    `offered` (default: all of `state`) that `own` has not."""
+    wanted = list(own) if wanted is None else wanted
+    offered = list(state) if offered is None else offered
+    missing = [k for k in wanted if k not in state]
+    unknown = [k for k in offered if k not in own]
+    reshaped = [k for k in wanted if k in state and state[k].shape != own[k].shape]
     problems = []
     if missing:
         problems.append(f"{len(missing)} weight(s) missing (e.g. {missing[0]!r})")

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from tsformer import tracking
+from tsformer.forecaster import state_mismatch
 from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def _fitting_part(task, own: dict, source: Source, same_task: bool, vocabularies
         )
     what = "this run's network (a refit takes every weight)" if same_task else "this run's Transformer blocks"
     wanted, offered = _part(task, own, same_task), _part(source.task, source.state, same_task)
-    problem = _misfit(source.state, own, wanted, offered)
+    problem = state_mismatch(source.state, own, wanted, offered)
     if problem:
         raise SettingError(f"{where} does not fit {what}: {problem}")
     if same_task and source.vocabularies and vocabularies is not None and source.vocabularies != vocabularies:
@@ -164,23 +165,3 @@ def _part(task: torch.nn.Module, state: dict, same_task: bool) -> list[str]:
         return [k for k in state if k not in from_data]
     stacks = tuple(f"{name}." for name, m in task.named_modules() if isinstance(m, TransformerStack))
     return [k for k in state if k.startswith(stacks)]
-
-
-def _misfit(state: dict, own: dict, wanted: list[str], offered: list[str]) -> str:
-    """How the source's `state` (its part `offered`) fails the `wanted` entries of the new `own` state
-    ("" when it fits: the same names, each of the same shape)."""
-    missing = [k for k in wanted if k not in state]
-    extra = [k for k in offered if k not in own]
-    reshaped = [k for k in wanted if k in state and state[k].shape != own[k].shape]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) it lacks (e.g. {missing[0]!r})")
-    if extra:
-        problems.append(f"{len(extra)} it has and this run has not (e.g. {extra[0]!r})")
-    if reshaped:
-        k = reshaped[0]
-        problems.append(
-            f"{len(reshaped)} of another shape (e.g. {k!r}: {list(state[k].shape)} there, "
-            f"{list(own[k].shape)} here)"
-        )
-    return ", ".join(problems)
