@@ -188,12 +188,9 @@ def test_forecast_distribution_reads_no_future_truth(task_cls, options, kind):
         assert (task.forecast_distribution(informed).quantiles([0.5]) - q[..., 1:2]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
-@pytest.mark.parametrize("ci", [False, True])
-def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
-    """A history scaled by 3 and shifted by 10 gives a forecast distribution scaled and shifted alike
-    (the network sees the same normalised window; sampled paths draw the same numbers)."""
-    torch.manual_seed(0)
+def gaussian_forecaster(task_cls, **options):
+    """An untrained forecaster of `task_cls` with a Gaussian head (8 paths) and no past-only
+    covariates, and a batch of random windows for it."""
     task = task_cls(
         net=NET,
         d_target=DY,
@@ -202,11 +199,19 @@ def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
         context_len=N,
         horizon=M,
         head={"kind": "gaussian", "num_samples": 8},
-        revin=True,
-        channel_independent=ci,
+        **options,
     ).eval()
     b = random_windows(N, M, DY, DK, DO)
-    b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
+    return task, dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
+
+
+@pytest.mark.parametrize("task_cls", [EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster])
+@pytest.mark.parametrize("ci", [False, True])
+def test_revin_puts_the_distribution_in_data_units(task_cls, ci):
+    """A history scaled by 3 and shifted by 10 gives a forecast distribution scaled and shifted alike
+    (the network sees the same normalised window; sampled paths draw the same numbers)."""
+    torch.manual_seed(0)
+    task, b = gaussian_forecaster(task_cls, revin=True, channel_independent=ci)
     moved = dict(b, hist_target=b["hist_target"] * 3.0 + 10.0)
     with torch.no_grad():
         torch.manual_seed(1)
@@ -233,18 +238,7 @@ def test_channel_independent_distributions_stay_with_their_channel(task_cls):
     right (window, step, channel) places. (Gaussian: its draws take one number each from the
     generator, whatever the parameters; Student-t draws go through rejection sampling.)"""
     torch.manual_seed(0)
-    task = task_cls(
-        net=NET,
-        d_target=DY,
-        d_known=DK,
-        d_observed=0,
-        context_len=N,
-        horizon=M,
-        head={"kind": "gaussian", "num_samples": 8},
-        channel_independent=True,
-    ).eval()
-    b = random_windows(N, M, DY, DK, DO)
-    b = dict(b, hist_observed=b["hist_observed"][..., :0], fut_observed=b["fut_observed"][..., :0])
+    task, b = gaussian_forecaster(task_cls, channel_independent=True)
     changed = dict(b, hist_target=b["hist_target"] + torch.tensor([0.0, 2.0]))
     with torch.no_grad():
         torch.manual_seed(1)
