@@ -15,9 +15,11 @@ loaded and checked (`classifier.load_model`) before the data is read. Once the n
   learned positions that fit by name and shape.
 Either way the blocks' settings (`BLOCK_SETTINGS`: d_model, n_heads, n_layers, ...) must be the model's:
 some of them (n_heads, norm) change what the weights mean without changing a shape.
-  The input projections are never taken: each task lays its inputs out its own way (masked fill-in
-  reads values, mask flags and covariates; reconstruction the covariates; a classifier the
-  channels), so a width that happens to match would still mean other inputs. Neither are the heads,
+  The input projections are taken only between tasks that declare one input layout (`input_layout`:
+  a classifier and the masked pre-training of its encoder both read the scaled channels of each
+  step), where they fit by shape; otherwise each task lays its inputs out its own way (masked fill-in
+  reads values, mask flags and covariates; reconstruction the covariates), so a width that happens
+  to match would still mean other inputs. Neither are the heads,
   [CLS] token, linear skip, static embeddings and RevIN affine of the other task: they answer
   another question.
 The task's own buffers (a classifier's class weights, a distribution head's spread factors) always
@@ -95,11 +97,15 @@ def load_into(
     own = task.state_dict()
     same_task = type(source.task) is type(task)
     wanted = _fitting_part(task, own, source, same_task, vocabularies)
-    if not same_task:  # learned positions: wherever they fit
+    if not same_task:  # learned positions, and the input projection of the same input layout: where they fit
+        layout = getattr(task, "input_layout", None)
+        same_inputs = layout is not None and getattr(source.task, "input_layout", None) == layout
         wanted += [
             k
             for k in own
-            if ".positional." in k and k in source.state and source.state[k].shape == own[k].shape
+            if (".positional." in k or (same_inputs and k.startswith("net.input_proj.")))
+            and k in source.state
+            and source.state[k].shape == own[k].shape
         ]
     task.load_state_dict({k: source.state[k] for k in wanted}, strict=False)
     fresh = [k for k in own if k not in set(wanted)]
