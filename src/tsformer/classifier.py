@@ -149,7 +149,8 @@ class Classifier:
         if not hasattr(self.task, "predict_proba"):
             raise ValueError(
                 f"model of run {self.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
-                "nothing; fine-tune a classifier from it: python train.py experiment=... init_from=<its run id>"
+                "nothing; fine-tune a classifier from it: python train.py experiment=... "
+                "init_from=<its run id>"
             )
         if origin is not None:
             raise ValueError(f"origin={origin}: a classifier classifies every sample; give no origin")

@@ -97,7 +97,7 @@ def load_into(
     own = task.state_dict()
     same_task = type(source.task) is type(task)
     wanted = _fitting_part(task, own, source, same_task, vocabularies)
-    if not same_task:  # learned positions, and the input projection of the same input layout: where they fit
+    if not same_task:  # learned positions, and the input projection of one input layout: where they fit
         layout = getattr(task, "input_layout", None)
         same_inputs = layout is not None and getattr(source.task, "input_layout", None) == layout
         wanted += [
@@ -116,7 +116,7 @@ def load_into(
         len(own),
         source.location,
         f" (run {source.run_id})" if source.run_id else "",
-        "" if same_task else f", the Transformer blocks of a {type(source.task).__name__}",
+        "" if same_task else f", the Transformer blocks and what fits of a {type(source.task).__name__}",
         ", ".join(fresh) or "none",
     )
     return {"taken": wanted, "fresh": fresh}

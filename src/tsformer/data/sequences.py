@@ -21,7 +21,8 @@ Both: the classes are the labels of the training samples (sorted, numbers in num
 on the training samples' rows only. `label_fraction` < 1 keeps the labels of a seeded, stratified share
 of the training samples for the classifier (the others are left out of its training; validation and
 test are untouched); `pretraining: true` (`conf/pretrain/masked.yaml`) gives every training sample,
-labels ignored, to masked pre-training of the encoder (`tsformer.tasks.pretraining`). A batch is a dict: `x` (B, T, D) float32, `valid` (B, T) bool,
+labels ignored, to masked pre-training of the encoder (`tsformer.tasks.pretraining`).
+A batch is a dict: `x` (B, T, D) float32, `valid` (B, T) bool,
 `label` (B,) int64 class index, `sample` (B,) int64 (the sample's index in its split).
 """
 

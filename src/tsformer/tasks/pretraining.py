@@ -150,7 +150,8 @@ class MaskedPretraining(L.LightningModule):
         return out, self.tokens(true), scored
 
     def hidden_of(self, batch: dict, split: str | None) -> torch.Tensor:
-        """`(B, T, D)` bool: a new mask (training, `split` None) or the samples' fixed ones, real steps only."""
+        """`(B, T, D)` bool: a new mask (training, `split` None) or the samples' fixed ones; real steps
+        only."""
         x, valid = batch["x"], batch["valid"]
         if split is None:
             mask = draw_mask(tuple(x.shape), self.mask).to(x.device)
