@@ -12,8 +12,9 @@ under a temporary folder), per seed:
 JapaneseVowels and OSULeaf: the archive's split, 80/20 stratified train/val of the train file, every
 test series. plant_regime (`experiment=plant_regime`): `data.label_fraction=0.1` in both arms, so the
 classifier learns from a stratified 10 % of the training windows' labels, and pre-training reads every
-training window without its label. Pre-training settings (`--pretrain-set`, `--pretrain-epochs`) are
-chosen on the fine-tuned validation log loss, never on test.
+training window without its label. Pre-training runs up to `--pretrain-steps` optimizer steps (the
+same budget for small and large data sets; early-stopped on the validation masked MSE); its settings
+(`--pretrain-set`, `--pretrain-steps`) are chosen on the fine-tuned validation log loss, never on test.
 
 The table is printed and, with `--results`, written as a markdown file: measured rows only.
 """
@@ -42,9 +43,9 @@ def one_seed(dataset: str, seed: int, args) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         result, seconds = quiet_run(common, args.epochs, args.patience, Path(tmp) / "scratch")
         rows.append({"dataset": dataset, "arm": "scratch", "seed": seed, **scores(result, seconds)})
-        pre, pre_seconds = quiet_run(
-            [*common, "pretrain=masked", *args.pretrain_set],
-            args.pretrain_epochs,
+        pre, pre_seconds = quiet_run(  # a budget of optimizer steps, whatever the number of samples
+            [*common, "pretrain=masked", f"+trainer.max_steps={args.pretrain_steps}", *args.pretrain_set],
+            -1,
             args.pretrain_patience,
             Path(tmp) / "pretrain",
         )
@@ -132,7 +133,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=100, help="classifier (scratch and fine-tuning)")
     parser.add_argument("--patience", type=int, default=15, help="early stopping on the validation log loss")
-    parser.add_argument("--pretrain-epochs", type=int, default=100)
+    parser.add_argument("--pretrain-steps", type=int, default=3000, help="optimizer steps of pre-training")
     parser.add_argument("--pretrain-patience", type=int, default=15, help="on the validation masked MSE")
     parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for every run")
     parser.add_argument("--pretrain-set", nargs="*", default=[], help="Hydra overrides for pre-training")
@@ -152,7 +153,7 @@ def main() -> None:
                 )
     command = (
         f"python benchmarks/pretraining.py --datasets {args.datasets} --seeds {args.seeds} "
-        f"--epochs {args.epochs} --patience {args.patience} --pretrain-epochs {args.pretrain_epochs} "
+        f"--epochs {args.epochs} --patience {args.patience} --pretrain-steps {args.pretrain_steps} "
         f"--pretrain-patience {args.pretrain_patience}"
         + (f" --set {' '.join(args.set)}" if args.set else "")
         + (f" --pretrain-set {' '.join(args.pretrain_set)}" if args.pretrain_set else "")
