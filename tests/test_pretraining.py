@@ -15,6 +15,7 @@ from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.data.simulators import simulate_plant_regimes
 from tsformer.forecaster import WEIGHTS_FILE
+from tsformer.pretraining_outputs import fine_tune_command
 from tsformer.settings import SettingError, check
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
@@ -216,3 +217,9 @@ def test_a_classifier_fine_tunes_from_the_pretraining_run_folder(pretrained, tmp
     result, data, _ = pretrained
     tuned = run(compose_config([*data, f"init_from={result.model_folder.parent}"], tmp_path / "tuned"))
     assert 0.0 <= tuned.metrics["test/accuracy"] <= 1.0 and len(tuned.forecasts) > 0
+
+
+def test_the_summary_names_the_fine_tuning_command_without_the_pretraining_settings():
+    compose_config(["experiment=osuleaf", "pretrain=masked", "seed=3", "model.mask_ratio=0.2"], "out")
+    command = fine_tune_command("R")
+    assert command.endswith("train.py experiment=osuleaf seed=3 init_from=R")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tsformer import tracking
@@ -22,7 +23,14 @@ from tsformer.forecaster import ModelInfo
 
 __all__ = ["log_outputs", "print_summary", "task_sizes", "write_outputs"]
 
-EXPERIMENT_HINT = "experiment=<the same experiment> seed=<the same seed>"
+# the pre-training's own settings, which the fine-tuning command leaves out
+PRETRAINING_ONLY = (
+    "pretrain=",
+    "model.mask_",
+    "model.eval_mask_seed=",
+    "model.interpolate_hidden=",
+    "hydra.",
+)
 
 
 @dataclass
@@ -54,6 +62,17 @@ def log_outputs(recorder, task, datamodule, outputs: PretrainingOutputs, best_ck
     tracking.end_run(logger, "FINISHED")
 
 
+def fine_tune_command(ref: str) -> str:
+    """This run's command line without the pre-training settings, with `init_from=ref`: the same
+    experiment, seed (the same validation samples) and network."""
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not started by Hydra (a script composing its config)
+        overrides = ["experiment=<the same experiment>", "seed=<the same seed>"]
+    kept = [o for o in overrides if not o.lstrip("+~").startswith((*PRETRAINING_ONLY, "init_from="))]
+    return command_line("train", *kept, f"init_from={ref}")
+
+
 def print_summary(logger, metrics: dict[str, float], baselines: list, outputs: PretrainingOutputs) -> None:
     """The run id, the test masked MSE / MAE beside interpolation's, and how to fine-tune from it."""
     lines = ["", "=" * 72]
@@ -68,8 +87,6 @@ def print_summary(logger, metrics: dict[str, float], baselines: list, outputs: P
         lines.append(f"{name:<30}{model:>14.4f}{line:>14.4f}")
     lines += [f"{b.name}: {b.description}" for b in baselines]
     ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    lines.append(
-        "fine-tune a classifier from it: " + command_line("train", EXPERIMENT_HINT, f"init_from={ref}")
-    )
+    lines.append(f"fine-tune a classifier from it: {fine_tune_command(str(ref))}")
     lines.append("=" * 72)
     print("\n".join(lines))
