@@ -114,7 +114,9 @@ def verdict(scratch: list[dict], tuned: list[dict]) -> str:
     val = mean(tuned, "val_log_loss") - mean(scratch, "val_log_loss")
     overlap = min(r["accuracy"] for r in tuned) <= max(r["accuracy"] for r in scratch)
     if gain > 0 and val < 0:
-        answer = "pre-training helps" + (" (the seeds' ranges overlap)" if overlap else "")
+        answer = "pre-training helps" + (
+            ", within the seeds' spread (their ranges overlap)" if overlap else ""
+        )
     elif gain <= 0 and val >= 0:
         answer = "pre-training does not help"
     else:
