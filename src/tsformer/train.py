@@ -200,7 +200,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     source = _init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, task = _instantiate_data_and_task(cfg)
+    datamodule, task = _instantiate_data_and_task(cfg, source)
     if source is not None:
         features = getattr(datamodule, "features", None)  # classification data has no static embeddings
         vocabularies = features.static_vocabularies if features is not None else None
@@ -242,10 +242,12 @@ def _init_source(cfg: DictConfig) -> init_from.Source | None:
         return init_from.resolve(str(cfg.init_from), uri)
 
 
-def _instantiate_data_and_task(cfg: DictConfig):
-    """The set-up data module and the task sized for it; refuses `paths_file` for a family that
-    samples no paths."""
+def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None):
+    """The set-up data module (scaled as `source`'s model in a refit) and the task sized for it; refuses
+    `paths_file` for a family that samples no paths."""
     datamodule = _instantiate_settings(cfg.data)
+    if source is not None:
+        init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
     head = getattr(task, "head", None)  # classification has no forecast head

@@ -28,6 +28,7 @@ window is evaluated by exactly one process.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from functools import partial
 
 import lightning as L
@@ -191,6 +192,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             raise ValueError(f"extra_cols {overlap} already have a role in the model's columns")
 
         self.features: FeaturePipeline | None = None  # fitted on the train rows by setup()
+        self.kept_features: FeaturePipeline | None = None  # a refit's: its model's own (keep_features)
         self.frame: pd.DataFrame | None = None  # validated table + extra_cols, sorted by (series, time)
         self.datasets: dict[str, WindowDataset] = {}
         self._freq = None
@@ -250,9 +252,29 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
     # -- setup -----------------------------------------------------------------------------------
 
+    def keep_features(self, features: FeaturePipeline) -> None:
+        """Scale with a saved model's fitted pipeline instead of fitting one on the train rows: a refit
+        (`init_from` of the same task) keeps the scalers its weights were trained with, and a few weeks
+        of newer rows would give other ones. Its columns must be this data's, in their roles."""
+        if self.datasets:
+            raise RuntimeError("keep_features must come before setup()")
+        theirs = {f.name: getattr(features, f.name) for f in fields(FeaturePipeline)}
+        roles = {
+            "target_cols": list(self.schema.target_cols),
+            "known_cols": list(self.schema.known_cols),
+            "observed_cols": list(self.schema.observed_cols),
+            "calendar": list(self.calendar),
+            "static_cols": list(self.schema.static_cols),
+            "static_categorical_cols": list(self.schema.static_categorical_cols),
+        }
+        differ = [f"data.{k}={v} here, {theirs[k]} in the model" for k, v in roles.items() if theirs[k] != v]
+        if differ:
+            raise ValueError(f"the model's columns are not this data's: {'; '.join(differ)}")
+        self.kept_features = FeaturePipeline(**theirs)
+
     def setup(self, stage: str | None = None) -> None:
-        """Validate, split, fit the feature pipeline on train rows, build the three window datasets.
-        Idempotent."""
+        """Validate, split, fit the feature pipeline on train rows (or keep a refit's: `keep_features`),
+        build the three window datasets. Idempotent."""
         if self.datasets:
             return
         source = self.source_name
@@ -288,7 +310,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         profiled = [*self.schema.value_cols, *self.schema.static_cols]  # the columns the scalers see
         check_outliers(clean[(split_of_row == 0) & ~filled], profiled, source, self.outliers)
         schema = self.schema
-        features = FeaturePipeline.fit(
+        features = self.kept_features or FeaturePipeline.fit(
             clean,
             split_of_row == 0,
             scaler=self.scaler_kind,
