@@ -88,11 +88,10 @@ def select(seeds: list[int], root: Path, quick: bool) -> tuple[str, list]:
     extra = QUICK if quick else []
     grid = dict(list(GRID.items())[:2]) if quick else GRID
     results, rows = {}, []
-    for label, overrides in grid.items():
+    for i, (label, overrides) in enumerate(grid.items()):
         results[label] = [
             train(["experiment=gas_turbine", *overrides, *extra, f"seed={s}"], root / "select" / f"{i}-{s}")
             for s in seeds
-            for i in [list(grid).index(label)]
         ]
         vals = [r.best_val for r in results[label]]
         rows.append({"setting": label, "val/mae (2013, scaled)": mean_sd(vals), "mean": np.mean(vals)})
@@ -113,19 +112,22 @@ def refit(chosen: str, sources: list, seeds: list[int], root: Path, quick: bool)
     by_lr, rows = {}, []
     for lr in REFIT_LR[:1] if quick else REFIT_LR:
         by_lr[lr] = [
-            train([*base, f"init_from={src.model_folder}", f"model.lr={lr}", f"seed={s}"],
-                  root / "refit" / f"lr{lr}-{s}")  # fmt: skip
+            train(
+                [*base, f"init_from={src.model_folder}", f"model.lr={lr}", f"seed={s}"],
+                root / "refit" / f"{lr}-{s}",
+            )
             for s, src in zip(seeds, sources)
         ]
         vals = [r.best_val for r in by_lr[lr]]
-        rows.append({"refit lr": lr, "val/mae (Feb 15-28 2014, scaled)": mean_sd(vals), "mean": np.mean(vals)})
+        rows.append(
+            {"refit lr": lr, "val/mae (Feb 15-28 2014, scaled)": mean_sd(vals), "mean": np.mean(vals)}
+        )
     table = pd.DataFrame(rows).sort_values("mean")
     lr = float(table.iloc[0]["refit lr"])
     print("\nRefit on Jan 1 - Feb 14 2014, learning rate chosen on Feb 15-28:\n")
     print(table.drop(columns="mean").to_markdown(index=False))
     as_was = [
-        train([*base, f"init_from={src.model_folder}", *UNCHANGED, f"seed={s}"],
-              root / "as_was" / str(s))  # fmt: skip
+        train([*base, f"init_from={src.model_folder}", *UNCHANGED, f"seed={s}"], root / "as_was" / str(s))
         for s, src in zip(seeds, sources)
     ]
     scratch = [train([*base, f"seed={s}"], root / "scratch" / str(s)) for s in seeds]
@@ -139,7 +141,9 @@ def refit(chosen: str, sources: list, seeds: list[int], root: Path, quick: bool)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("stage", choices=["select", "refit"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true", help="tiny settings and one seed (a smoke run)")

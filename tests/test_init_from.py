@@ -129,7 +129,10 @@ def test_a_classifier_takes_the_transformer_blocks_and_keeps_its_own_input_and_h
     [
         (["model=dec_only"], "network EncoderOnly); this run builds DecoderOnlyForecaster"),
         (["model=enc_only", "model.net.n_heads=4"], "model.net.n_heads=4 here, 2 in the model"),
-        ([*MASKED[:2], "data.target_cols=[dynamic_temperature]"], "data.target_cols=['dynamic_temperature'] here"),
+        (
+            [*MASKED[:2], "data.target_cols=[dynamic_temperature]"],
+            "data.target_cols=['dynamic_temperature'] here",
+        ),
     ],
 )
 def test_a_model_that_does_not_fit_stops_with_one_line_and_no_mlflow_run(source, tmp_path, overrides, says):

@@ -178,6 +178,11 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
                 f"({job.task_kind}); {err.__cause__}"
             ) from err
         raise
+    if getattr(datamodule, "allow_empty_targets", False) and not task.learns_around_missing_targets:
+        raise SettingError(
+            f"data.allow_empty_targets=true: {type(task).__name__} would learn from empty target cells; only "
+            "model=enc_only_masked trains on them (fill the table with it first: predict.py --impute)"
+        )
     job.prepare_task(task, datamodule)
     return task
 

@@ -150,6 +150,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         outliers: str = "warn",
         time_format: str | None = None,
         csv: dict | None = None,
+        allow_empty_targets: bool = False,
     ):
         super().__init__()
         self.source = source
@@ -167,6 +168,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         )
         # pandas.read_csv options for a CSV source (sep, decimal, encoding): kept for prediction too
         self.csv = {str(k): v for k, v in (csv or {}).items()}
+        # missing values of the target columns, for a model that learns around them (masked fill-in)
+        self.allow_empty_targets = bool(allow_empty_targets)
         self.calendar = [str(f) for f in calendar_features]
         self.context_len, self.horizon = int(context_len), int(horizon)
         if self.context_len < 1 or self.horizon < 0:
@@ -279,7 +282,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
             return
         source = self.source_name
         raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
-        clean = self.schema.validate(raw, source, extra_cols=self.extra_cols)
+        may_be_empty = self.schema.target_cols if self.allow_empty_targets else ()
+        clean = self.schema.validate(raw, source, may_be_empty=may_be_empty, extra_cols=self.extra_cols)
         if self.extra_cols:
             clean[self.extra_cols] = clean[self.extra_cols].apply(pd.to_numeric, errors="coerce")
         self._freq = resolve_freq(clean, self.schema, source)
