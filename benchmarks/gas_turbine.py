@@ -16,7 +16,8 @@ test figures are not read.
 
 `refit`: the chosen setting's model of each seed, refitted (`init_from`, every weight, the model's own
 scalers) with `experiment=gas_turbine_refit`: trained on Jan 1 - Feb 14 2014, validated on Feb 15-28,
-tested on Mar 1 2014 onward. The refit's learning rate is chosen on that validation fortnight. Beside it,
+tested on Mar 1 2014 onward: every weight, or the output layer alone (`init_from_freeze=true`), at a few
+learning rates, the way with the lowest validation MAE on that fortnight chosen. Beside it,
 on the same test windows: the model as it was (`UNCHANGED`), a model trained from scratch on
 the same rows, and the per-row baselines refitted on the same rows (the linear regression is the run's
 `baseline`).
@@ -47,7 +48,12 @@ GRID = {
     for d in (0.0, 0.1, 0.3)
     for s in ("false", "true")
 }
-REFIT_LR = (1e-4, 3e-4, 1e-3)
+# every weight, or the output layer alone (init_from_freeze): a few weeks of one season may be enough
+# to shift and rescale the outputs, and too few to retrain 26k weights
+REFITS = {
+    **{f"every weight, lr {lr:g}": [f"model.lr={lr}"] for lr in (1e-4, 3e-4, 1e-3)},
+    **{f"output layer, lr {lr:g}": ["init_from_freeze=true", f"model.lr={lr}"] for lr in (1e-3, 3e-3, 1e-2)},
+}
 # the model as it was, tested on the refit's windows: one epoch at a learning rate that moves no weight
 UNCHANGED = ["model.lr=1e-12", "model.weight_decay=0.0", "trainer.max_epochs=1"]
 WHO = {"": "model", "baseline_": "linear regression", "baseline_hgb_": "gradient boosting",
@@ -83,10 +89,13 @@ def test_rows(results: list, label: str, baselines: bool) -> list[dict]:
     return rows
 
 
-def select(seeds: list[int], root: Path, quick: bool) -> tuple[str, list]:
-    """Every GRID setting over `seeds`; prints the validation table; the chosen setting and its runs."""
+def select(seeds: list[int], root: Path, quick: bool, chosen: str | None) -> tuple[str, list]:
+    """Every GRID setting over `seeds` (or `chosen` alone); prints the validation table; the chosen
+    setting and its runs."""
     extra = QUICK if quick else []
     grid = dict(list(GRID.items())[:2]) if quick else GRID
+    if chosen:
+        grid = {chosen: GRID[chosen]}
     results, rows = {}, []
     for i, (label, overrides) in enumerate(grid.items()):
         results[label] = [
@@ -105,38 +114,37 @@ def select(seeds: list[int], root: Path, quick: bool) -> tuple[str, list]:
 
 
 def refit(chosen: str, sources: list, seeds: list[int], root: Path, quick: bool) -> None:
-    """Refit each seed's model on Jan-Feb 2014 (learning rate chosen on Feb 15-28), test from March."""
-    extra = QUICK if quick else []
-    setting = GRID[chosen]
-    base = ["experiment=gas_turbine_refit", *setting, *extra]
-    by_lr, rows = {}, []
-    for lr in REFIT_LR[:1] if quick else REFIT_LR:
-        by_lr[lr] = [
+    """Refit each seed's model on Jan 1 - Feb 14 2014 (the way chosen on Feb 15-28), test from March."""
+    base = ["experiment=gas_turbine_refit", *GRID[chosen], *(QUICK if quick else [])]
+    variants = dict(list(REFITS.items())[:1]) if quick else REFITS
+    results, rows = {}, []
+    for i, (label, overrides) in enumerate(variants.items()):
+        results[label] = [
             train(
-                [*base, f"init_from={src.model_folder}", f"model.lr={lr}", f"seed={s}"],
-                root / "refit" / f"{lr}-{s}",
+                [*base, f"init_from={src.model_folder}", *overrides, f"seed={s}"], root / "refit" / f"{i}-{s}"
             )
             for s, src in zip(seeds, sources)
         ]
-        vals = [r.best_val for r in by_lr[lr]]
+        vals = [r.best_val for r in results[label]]
         rows.append(
-            {"refit lr": lr, "val/mae (Feb 15-28 2014, scaled)": mean_sd(vals), "mean": np.mean(vals)}
+            {"refit": label, "val/mae (Feb 15-28 2014, scaled)": mean_sd(vals), "mean": np.mean(vals)}
         )
     table = pd.DataFrame(rows).sort_values("mean")
-    lr = float(table.iloc[0]["refit lr"])
-    print("\nRefit on Jan 1 - Feb 14 2014, learning rate chosen on Feb 15-28:\n")
+    print("\nRefits on Jan 1 - Feb 14 2014, validated on Feb 15-28:\n")
     print(table.drop(columns="mean").to_markdown(index=False))
+    # the best on validation of each kind (every weight / the output layer alone), the first one chosen
+    best = list(dict.fromkeys(table.refit.map(lambda label: label.split(",")[0])).keys())
+    shown = [next(label for label in table.refit if label.startswith(kind)) for kind in best]
     as_was = [
         train([*base, f"init_from={src.model_folder}", *UNCHANGED, f"seed={s}"], root / "as_was" / str(s))
         for s, src in zip(seeds, sources)
     ]
     scratch = [train([*base, f"seed={s}"], root / "scratch" / str(s)) for s in seeds]
-    print(f"\nTest from Mar 1 2014 (original units, mean ± sd over seeds {seeds}):\n")
-    out = [
-        *test_rows(as_was, "2011-12 model as it was (no refit)", baselines=False),
-        *test_rows(by_lr[lr], f"2011-12 model refitted (init_from, lr {lr:g})", baselines=True),
-        *test_rows(scratch, "trained from scratch on the refit rows", baselines=False),
-    ]
+    print(f"\nTest from Mar 1 2014 (original units, mean ± sd over seeds {seeds}); chosen: {shown[0]}\n")
+    out = [*test_rows(as_was, "2011-12 model as it was (no refit)", baselines=False)]
+    for i, label in enumerate(shown):
+        out += test_rows(results[label], f"refitted: {label}", baselines=i == 0)
+    out += test_rows(scratch, "trained from scratch on the refit rows", baselines=False)
     print(pd.DataFrame(out).to_markdown(index=False))
 
 
@@ -147,12 +155,15 @@ def main() -> None:
     parser.add_argument("stage", choices=["select", "refit"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true", help="tiny settings and one seed (a smoke run)")
+    parser.add_argument(
+        "--chosen", choices=list(GRID), help="train this setting alone (an earlier select chose it)"
+    )
     args = parser.parse_args()
     if not SHARED.exists():
         sys.exit(f"{SHARED} not found: the gas turbine year files are needed (docs/data.md)")
     seeds = args.seeds[:1] if args.quick else args.seeds
     root = Path(tempfile.mkdtemp(prefix="tsformer-gas-turbine-"))
-    chosen, sources = select(seeds, root, args.quick)
+    chosen, sources = select(seeds, root, args.quick, args.chosen)
     if args.stage == "refit":
         refit(chosen, sources, seeds, root, args.quick)
 

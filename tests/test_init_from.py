@@ -159,3 +159,22 @@ def test_a_refit_refuses_static_embeddings_of_other_categories(source, tmp_path)
     init_from.load_into(task, loaded, {"series_id": ["0", "1"]})
     with pytest.raises(SettingError, match=r"static embeddings .* a refit needs the same categories"):
         init_from.load_into(task, loaded, {"series_id": ["0", "2"]})
+
+
+@pytest.mark.slow
+def test_a_frozen_refit_trains_the_output_layer_alone(source, tmp_path):
+    result, _ = source
+    refit = run(
+        compose_config(
+            [*MASKED, db(tmp_path), f"init_from={result.model_folder}", "init_from_freeze=true"], tmp_path / "o"
+        )
+    )
+    before = torch.load(result.model_folder / WEIGHTS_FILE, weights_only=True)
+    after = torch.load(refit.model_folder / WEIGHTS_FILE, weights_only=True)
+    moved = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert moved == ["net.head.bias", "net.head.weight"]
+
+
+def test_init_from_freeze_without_init_from_stops_with_one_line(tmp_path):
+    with pytest.raises(SettingError, match=r"^init_from_freeze=true: nothing to freeze without init_from"):
+        run(compose_config([*TINY, "logger=none", "init_from_freeze=true"], tmp_path / "out"))

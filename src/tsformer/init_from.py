@@ -92,6 +92,21 @@ def resolve(reference: str, tracking_uri: str | None) -> Source:
     return Source(reference, location, model.info.run_id, model.task, state, vocabularies, features)
 
 
+OUTPUT_LAYERS = ("net.head.", "net.linear_skip.")  # what `freeze` leaves trainable of the weights taken
+
+
+def freeze(task: torch.nn.Module, taken: list[str]) -> None:
+    """`init_from_freeze=true`: the parameters `taken` from the model stay as they are, but the output
+    layer; what the run initialised trains. A refit then recalibrates the model's outputs (a few weeks of
+    one season cannot overfit them much); a pre-trained encoder is probed with a new input and head."""
+    frozen = set(taken)
+    for name, p in task.named_parameters():
+        p.requires_grad_(name not in frozen or name.startswith(OUTPUT_LAYERS))
+    trains = [n for n, p in task.named_parameters() if p.requires_grad]
+    n_all = len(list(task.parameters()))
+    log.info("init_from_freeze: %d of %d parameter tensors train: %s", len(trains), n_all, ", ".join(trains))
+
+
 def keep_scalers(datamodule, source: Source, model_cfg) -> None:
     """In a refit (the run's task is `source`'s again) with windowed data, the data module (not set up
     yet) scales with the model's own scalers; columns of other roles stop the run with one line."""

@@ -209,7 +209,9 @@ def run(cfg: DictConfig) -> RunResult | None:
     if source is not None:
         features = getattr(datamodule, "features", None)  # classification data has no static embeddings
         vocabularies = features.static_vocabularies if features is not None else None
-        init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
+        loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
+        if cfg.get("init_from_freeze"):
+            init_from.freeze(task, loaded["taken"])
     job = job_of(datamodule)
     tags = source.tags() if source is not None else {}
     recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed, tags)
