@@ -166,7 +166,8 @@ def test_a_frozen_refit_trains_the_output_layer_alone(source, tmp_path):
     result, _ = source
     refit = run(
         compose_config(
-            [*MASKED, db(tmp_path), f"init_from={result.model_folder}", "init_from_freeze=true"], tmp_path / "o"
+            [*MASKED, db(tmp_path), f"init_from={result.model_folder}", "init_from_freeze=true"],
+            tmp_path / "o",
         )
     )
     before = torch.load(result.model_folder / WEIGHTS_FILE, weights_only=True)
