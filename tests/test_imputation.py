@@ -183,3 +183,46 @@ def test_predict_impute_end_to_end(trained, tmp_path, capsys):
     # without --impute, a masked model does not pretend to forecast
     assert predict_main([str(result.model_folder), str(source), "--output", str(tmp_path / "f.csv")]) == 2
     assert "--impute" in capsys.readouterr().err
+
+
+# -- training on a table with empty target cells (data.allow_empty_targets) ---------------------------
+
+
+def gappy_csv(folder) -> tuple[str, list[str]]:
+    """A plant table with 10 % of its target cells empty, as a CSV; the overrides that read it."""
+    from tsformer.data import simulate_plant
+
+    df = simulate_plant(n_series=2, n_steps=800, freq="1min", seed=0)
+    targets = ["dynamic_temperature", "dynamic_pressure"]
+    df[targets] = df[targets].mask(np.random.default_rng(1).random((len(df), 2)) < 0.1)
+    path = folder / "gappy.csv"
+    df.to_csv(path, index=False)
+    data = [
+        "data=csv",
+        f"data.source={path}",
+        "data.series_col=series_id",
+        f"data.target_cols=[{','.join(targets)}]",
+        "data.known_cols=[ambient_pressure,ambient_temperature,supply_voltage]",
+    ]
+    return str(path), data
+
+
+@pytest.mark.slow
+def test_a_masked_model_trains_on_a_table_with_empty_target_cells(tmp_path):
+    from tsformer.data.schema import DataValidationError
+    from tsformer.settings import SettingError
+    from tsformer.train import compose_config, run
+
+    path, data = gappy_csv(tmp_path)
+    masked = ["model=enc_only_masked", "model.context_len=50", *TINY, *data]
+    tiny = [o for o in masked if not o.startswith("data.source.")]
+    db = f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(DataValidationError, match=f"{path}: empty/NaN cell"):  # the default: refused
+        run(compose_config([*tiny, db], tmp_path / "refused"))
+    result = run(compose_config([*tiny, db, "data.allow_empty_targets=true"], tmp_path / "out"))
+    assert all(np.isfinite(v) for k, v in result.metrics.items() if k.startswith("test/"))
+    assert result.best_val is not None and np.isfinite(result.best_val)
+    forecaster = ["model=enc_only", "model.context_len=50", *TINY, *data, "data.allow_empty_targets=true"]
+    forecaster = [o for o in forecaster if not o.startswith("data.source.")]
+    with pytest.raises(SettingError, match="only model=enc_only_masked trains on them"):
+        run(compose_config([*forecaster, "logger=none"], tmp_path / "forecaster"))

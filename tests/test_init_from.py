@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 from conftest import TINY
 from tsformer import init_from
-from tsformer.forecaster import WEIGHTS_FILE
+from tsformer.forecaster import WEIGHTS_FILE, Forecaster
 from tsformer.settings import SettingError
 from tsformer.tracking import restore_env
 from tsformer.train import build_task, compose_config, run
@@ -60,14 +60,20 @@ def test_unknown_references_stop_with_one_line_before_the_data_is_read(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_refit_starts_from_every_weight_and_records_where_from(source, tmp_path, caplog):
+def test_a_refit_starts_from_every_weight_and_its_scalers_and_records_where_from(source, tmp_path, caplog):
     result, _ = source
+    newer = ["data.source.seed=1"]  # other rows: scalers fitted on them would differ
     with caplog.at_level(logging.INFO, logger="tsformer.init_from"):
         refit = run(
             compose_config(
-                [*MASKED, *STILL, db(tmp_path), f"init_from={result.model_folder}"], tmp_path / "o"
+                [*MASKED, *STILL, *newer, db(tmp_path), f"init_from={result.model_folder}"], tmp_path / "o"
             )
         )
+    kept, theirs = Forecaster.load(refit.model_folder).contract, Forecaster.load(result.model_folder).contract
+    fresh = instantiate(compose_config([*MASKED, *newer], tmp_path / "f").data)
+    fresh.setup()
+    assert fresh.features.target_scaler != theirs.target_scaler  # the test would mean nothing otherwise
+    assert kept.target_scaler == theirs.target_scaler and kept.covariate_scaler == theirs.covariate_scaler
     before = torch.load(result.model_folder / WEIGHTS_FILE, weights_only=True)
     after = torch.load(refit.model_folder / WEIGHTS_FILE, weights_only=True)
     assert before.keys() == after.keys()
@@ -123,7 +129,10 @@ def test_a_classifier_takes_the_transformer_blocks_and_keeps_its_own_input_and_h
     [
         (["model=dec_only"], "network EncoderOnly); this run builds DecoderOnlyForecaster"),
         (["model=enc_only", "model.net.n_heads=4"], "model.net.n_heads=4 here, 2 in the model"),
-        ([*MASKED[:2], "data.target_cols=[dynamic_temperature]"], "of another shape"),  # other channels
+        (
+            [*MASKED[:2], "data.target_cols=[dynamic_temperature]"],
+            "data.target_cols=['dynamic_temperature'] here",
+        ),
     ],
 )
 def test_a_model_that_does_not_fit_stops_with_one_line_and_no_mlflow_run(source, tmp_path, overrides, says):
@@ -150,3 +159,23 @@ def test_a_refit_refuses_static_embeddings_of_other_categories(source, tmp_path)
     init_from.load_into(task, loaded, {"series_id": ["0", "1"]})
     with pytest.raises(SettingError, match=r"static embeddings .* a refit needs the same categories"):
         init_from.load_into(task, loaded, {"series_id": ["0", "2"]})
+
+
+@pytest.mark.slow
+def test_a_frozen_refit_trains_the_output_layer_alone(source, tmp_path):
+    result, _ = source
+    refit = run(
+        compose_config(
+            [*MASKED, db(tmp_path), f"init_from={result.model_folder}", "init_from_freeze=true"],
+            tmp_path / "o",
+        )
+    )
+    before = torch.load(result.model_folder / WEIGHTS_FILE, weights_only=True)
+    after = torch.load(refit.model_folder / WEIGHTS_FILE, weights_only=True)
+    moved = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert moved == ["net.head.bias", "net.head.weight"]
+
+
+def test_init_from_freeze_without_init_from_stops_with_one_line(tmp_path):
+    with pytest.raises(SettingError, match=r"^init_from_freeze=true: nothing to freeze without init_from"):
+        run(compose_config([*TINY, "logger=none", "init_from_freeze=true"], tmp_path / "out"))

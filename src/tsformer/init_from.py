@@ -23,7 +23,9 @@ some of them (n_heads, norm) change what the weights mean without changing a sha
   [CLS] token, linear skip, static embeddings and RevIN affine of the other task: they answer
   another question.
 The task's own buffers (a classifier's class weights, a distribution head's spread factors) always
-come from the new run's data and calibration. What does not fit stops the run with one
+come from the new run's data and calibration. A refit also keeps the model's scalers (`keep_scalers`,
+`TimeSeriesDataModule.keep_features`): its weights read inputs scaled as in its training, and a few
+weeks of newer rows (one season) would scale them otherwise. What does not fit stops the run with one
 `SettingError` line, before any MLflow run exists.
 """
 
@@ -35,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 
 from tsformer import tracking
+from tsformer.data.features import FeaturePipeline
 from tsformer.forecaster import state_mismatch
 from tsformer.settings import SettingError
 
@@ -58,6 +62,7 @@ class Source:
     task: torch.nn.Module  # the task with its weights
     state: dict[str, torch.Tensor]
     vocabularies: dict | None  # the categories of its static embeddings (None: a classifier has none)
+    features: FeaturePipeline | None  # its fitted scalers (None: a classifier's are of another kind)
 
     def tags(self) -> dict[str, str]:
         """What the new MLflow run records about where it started."""
@@ -85,7 +90,44 @@ def resolve(reference: str, tracking_uri: str | None) -> Source:
         location = f"runs:/{reference}/model" if RUN_ID.match(reference) else reference
     state = {k: v.detach().clone() for k, v in model.task.state_dict().items()}
     vocabularies = getattr(model.contract, "static_vocabularies", None)
-    return Source(reference, location, model.info.run_id, model.task, state, vocabularies)
+    features = model.contract if isinstance(model.contract, FeaturePipeline) else None
+    return Source(reference, location, model.info.run_id, model.task, state, vocabularies, features)
+
+
+OUTPUT_LAYERS = ("net.head.", "net.linear_skip.")  # what `freeze` leaves trainable of the weights taken
+
+
+def freeze(task: torch.nn.Module, taken: list[str]) -> None:
+    """`init_from_freeze=true`: the parameters `taken` from the model stay as they are, but the output
+    layer; what the run initialised trains. A refit then recalibrates the model's outputs (a few weeks of
+    one season cannot overfit them much); a pre-trained encoder is probed with a new head (and a new
+    input projection unless both tasks read one input layout)."""
+    frozen = set(taken)
+    for name, p in task.named_parameters():
+        p.requires_grad_(name not in frozen or name.startswith(OUTPUT_LAYERS))
+    trains = [n for n, p in task.named_parameters() if p.requires_grad]
+    n_all = len(list(task.parameters()))
+    log.info("init_from_freeze: %d of %d parameter tensors train: %s", len(trains), n_all, ", ".join(trains))
+
+
+def keep_scalers(datamodule, source: Source, model_cfg) -> None:
+    """In a refit (the run's task is `source`'s again) with windowed data, the data module (not set up
+    yet) scales with the model's own scalers; columns of other roles stop the run with one line."""
+    refit = get_class(model_cfg._target_) is type(source.task)
+    if not refit or source.features is None or not hasattr(datamodule, "keep_features"):
+        return
+    try:
+        datamodule.keep_features(source.features)
+    except ValueError as err:
+        raise SettingError(f"{_where(source)}: {err}") from err
+
+
+def _where(source: Source) -> str:
+    """How messages name the model: as given, and where it was found when that differs."""
+    where = f"init_from={source.reference}"
+    if source.location != source.reference:
+        where += f" (model {source.location})"
+    return where
 
 
 def load_into(
@@ -125,9 +167,7 @@ def load_into(
 def _fitting_part(task, own: dict, source: Source, same_task: bool, vocabularies) -> list[str]:
     """The names of `own` (the new task's state) that `source` must and can fill: every weight (a refit)
     or the Transformer blocks (another task); a `SettingError` naming what does not fit otherwise."""
-    where = f"init_from={source.reference}"
-    if source.location != source.reference:
-        where += f" (model {source.location})"
+    where = _where(source)
     theirs, ours = type(source.task.net).__name__, type(task.net).__name__
     if theirs != ours:
         raise SettingError(

@@ -153,6 +153,8 @@ def check(cfg: DictConfig) -> None:
         problem = rule(value)
         if problem is not None:
             raise SettingError(f"{key}={value}: {problem}")
+    if cfg.get("init_from_freeze") and not cfg.get("init_from"):
+        raise SettingError("init_from_freeze=true: nothing to freeze without init_from=<run id | folder>")
     data = cfg.get("data")
     if data is not None and data.get("val_start") is None:  # both fractions are cut off the end then
         val, test = data.get("val_fraction"), data.get("test_fraction")

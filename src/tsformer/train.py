@@ -178,6 +178,11 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
                 f"({job.task_kind}); {err.__cause__}"
             ) from err
         raise
+    if getattr(datamodule, "allow_empty_targets", False) and not task.learns_around_missing_targets:
+        raise SettingError(
+            f"data.allow_empty_targets=true: {type(task).__name__} would learn from empty target cells; only "
+            "model=enc_only_masked trains on them (fill the table with it first: predict.py --impute)"
+        )
     job.prepare_task(task, datamodule)
     return task
 
@@ -200,11 +205,13 @@ def run(cfg: DictConfig) -> RunResult | None:
     source = _init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, task = _instantiate_data_and_task(cfg)
+    datamodule, task = _instantiate_data_and_task(cfg, source)
     if source is not None:
         features = getattr(datamodule, "features", None)  # classification data has no static embeddings
         vocabularies = features.static_vocabularies if features is not None else None
-        init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
+        loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
+        if cfg.get("init_from_freeze"):
+            init_from.freeze(task, loaded["taken"])
     job = job_of(datamodule)
     tags = source.tags() if source is not None else {}
     recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed, tags)
@@ -242,10 +249,12 @@ def _init_source(cfg: DictConfig) -> init_from.Source | None:
         return init_from.resolve(str(cfg.init_from), uri)
 
 
-def _instantiate_data_and_task(cfg: DictConfig):
-    """The set-up data module and the task sized for it; refuses `paths_file` for a family that
-    samples no paths."""
+def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None):
+    """The set-up data module (scaled as `source`'s model in a refit) and the task sized for it; refuses
+    `paths_file` for a family that samples no paths."""
     datamodule = _instantiate_settings(cfg.data)
+    if source is not None:
+        init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
     head = getattr(task, "head", None)  # classification has no forecast head

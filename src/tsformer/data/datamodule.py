@@ -28,6 +28,7 @@ window is evaluated by exactly one process.
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from functools import partial
 
 import lightning as L
@@ -149,6 +150,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         outliers: str = "warn",
         time_format: str | None = None,
         csv: dict | None = None,
+        allow_empty_targets: bool = False,
     ):
         super().__init__()
         self.source = source
@@ -166,6 +168,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         )
         # pandas.read_csv options for a CSV source (sep, decimal, encoding): kept for prediction too
         self.csv = {str(k): v for k, v in (csv or {}).items()}
+        # missing values of the target columns, for a model that learns around them (masked fill-in)
+        self.allow_empty_targets = bool(allow_empty_targets)
         self.calendar = [str(f) for f in calendar_features]
         self.context_len, self.horizon = int(context_len), int(horizon)
         if self.context_len < 1 or self.horizon < 0:
@@ -191,6 +195,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             raise ValueError(f"extra_cols {overlap} already have a role in the model's columns")
 
         self.features: FeaturePipeline | None = None  # fitted on the train rows by setup()
+        self.kept_features: FeaturePipeline | None = None  # a refit's: its model's own (keep_features)
         self.frame: pd.DataFrame | None = None  # validated table + extra_cols, sorted by (series, time)
         self.datasets: dict[str, WindowDataset] = {}
         self._freq = None
@@ -250,14 +255,35 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
     # -- setup -----------------------------------------------------------------------------------
 
+    def keep_features(self, features: FeaturePipeline) -> None:
+        """Scale with a saved model's fitted pipeline instead of fitting one on the train rows: a refit
+        (`init_from` of the same task) keeps the scalers its weights were trained with, and a few weeks
+        of newer rows would give other ones. Its columns must be this data's, in their roles."""
+        if self.datasets:
+            raise RuntimeError("keep_features must come before setup()")
+        theirs = {f.name: getattr(features, f.name) for f in fields(FeaturePipeline)}
+        roles = {
+            "target_cols": list(self.schema.target_cols),
+            "known_cols": list(self.schema.known_cols),
+            "observed_cols": list(self.schema.observed_cols),
+            "calendar": list(self.calendar),
+            "static_cols": list(self.schema.static_cols),
+            "static_categorical_cols": list(self.schema.static_categorical_cols),
+        }
+        differ = [f"data.{k}={v} here, {theirs[k]} in the model" for k, v in roles.items() if theirs[k] != v]
+        if differ:
+            raise ValueError(f"the model's columns are not this data's: {'; '.join(differ)}")
+        self.kept_features = FeaturePipeline(**theirs)
+
     def setup(self, stage: str | None = None) -> None:
-        """Validate, split, fit the feature pipeline on train rows, build the three window datasets.
-        Idempotent."""
+        """Validate, split, fit the feature pipeline on train rows (or keep a refit's: `keep_features`),
+        build the three window datasets. Idempotent."""
         if self.datasets:
             return
         source = self.source_name
         raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
-        clean = self.schema.validate(raw, source, extra_cols=self.extra_cols)
+        may_be_empty = self.schema.target_cols if self.allow_empty_targets else ()
+        clean = self.schema.validate(raw, source, may_be_empty=may_be_empty, extra_cols=self.extra_cols)
         if self.extra_cols:
             clean[self.extra_cols] = clean[self.extra_cols].apply(pd.to_numeric, errors="coerce")
         self._freq = resolve_freq(clean, self.schema, source)
@@ -288,7 +314,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         profiled = [*self.schema.value_cols, *self.schema.static_cols]  # the columns the scalers see
         check_outliers(clean[(split_of_row == 0) & ~filled], profiled, source, self.outliers)
         schema = self.schema
-        features = FeaturePipeline.fit(
+        features = self.kept_features or FeaturePipeline.fit(
             clean,
             split_of_row == 0,
             scaler=self.scaler_kind,

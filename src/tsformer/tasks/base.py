@@ -91,6 +91,7 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
 class WindowTask(L.LightningModule):
     family = "base"  # the name used for runs and tags
     use = ("forecast new data", "--output forecasts.csv")  # the summary's predict.py line: what, options
+    learns_around_missing_targets = False  # trains on empty target cells (data.allow_empty_targets)
 
     def __init__(
         self,
