@@ -43,34 +43,40 @@ VARIANTS = {
 METRICS = ["accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece"]
 
 
-def one_run(dataset: str, variant: str, seed: int, args) -> dict:
+def quiet_run(overrides: list[str], epochs: int, patience: int, output_dir: Path):
+    """One `train.run` of `overrides` with `epochs` and early-stopping `patience`, no logger, no CSV,
+    its outputs in `output_dir`: (RunResult, seconds)."""
     overrides = [
-        f"experiment={EXPERIMENTS[dataset]}",
-        *VARIANTS[variant],
-        f"seed={seed}",
-        f"trainer.max_epochs={args.epochs}",
-        f"callbacks.early_stopping.patience={args.patience}",
+        *overrides,
+        f"trainer.max_epochs={epochs}",
+        f"callbacks.early_stopping.patience={patience}",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
         "logger=none",
         "forecasts_file=null",
-        *args.set,
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        result = run(compose_config(overrides, Path(tmp) / "out"))
-        seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    result = run(compose_config(overrides, output_dir))
+    return result, time.perf_counter() - start
+
+
+def scores(result, seconds: float) -> dict:
+    """A classification run's row: validation log loss, the test metrics and the baselines' accuracy."""
     m = result.metrics
     return {
-        "dataset": dataset,
-        "variant": variant,
-        "seed": seed,
         "val_log_loss": result.best_val,
         "seconds": seconds,
         **{k: m[f"test/{k}"] for k in METRICS},
         "baseline_accuracy": m["test/baseline_accuracy"],
         "logistic_accuracy": m["test/logistic_accuracy"],
     }
+
+
+def one_run(dataset: str, variant: str, seed: int, args) -> dict:
+    overrides = [f"experiment={EXPERIMENTS[dataset]}", *VARIANTS[variant], f"seed={seed}", *args.set]
+    with tempfile.TemporaryDirectory() as tmp:
+        result, seconds = quiet_run(overrides, args.epochs, args.patience, Path(tmp) / "out")
+    return {"dataset": dataset, "variant": variant, "seed": seed, **scores(result, seconds)}
 
 
 def table(rows: list[dict]) -> list[str]:

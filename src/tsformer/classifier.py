@@ -4,7 +4,8 @@ The folder has the files of a forecasting model folder (`tsformer.forecaster`): 
 task class, its hyperparameters with the class names, the data contract below, the channel scaler
 as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
 needs only the installed package; `predict.py` and the pyfunc model dispatch on the task class
-written in `tsformer.json` (`is_classifier_folder`).
+written in `tsformer.json` (`is_classifier_folder`). An encoder pre-trained on such sequences
+(`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
 
 The table is laid out as the training data (`tsformer.data.sequences`):
 - labelled sequences: series id, step, channels (the label column may be there or not): one row of
@@ -145,6 +146,12 @@ class Classifier:
     ) -> pd.DataFrame:
         """The class and probabilities of every sequence (or stream window) of `table`; `origin` is
         the forecasters' (refused: a classifier takes every sample), `time_format` a stream's."""
+        if not hasattr(self.task, "predict_proba"):
+            raise ValueError(
+                f"model of run {self.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
+                "nothing; fine-tune a classifier from it: python train.py experiment=... "
+                "init_from=<its run id>"
+            )
         if origin is not None:
             raise ValueError(f"origin={origin}: a classifier classifies every sample; give no origin")
         c = self.contract
@@ -216,6 +223,7 @@ def load_model(folder: str | Path) -> Forecaster | Classifier:
 def _build_classifier(task_class_name, hparams, path: Path):
     """The (untrained) classification task `tsformer.json` names, from its hparams."""
     from tsformer.tasks.classification import ClassificationTask
+    from tsformer.tasks.pretraining import MaskedPretraining
 
     module, _, name = str(task_class_name).rpartition(".")
     task_class = None
@@ -224,7 +232,7 @@ def _build_classifier(task_class_name, hparams, path: Path):
             task_class = getattr(importlib.import_module(module), name, None)
         except ImportError:
             pass
-    if not (isinstance(task_class, type) and issubclass(task_class, ClassificationTask)):
+    if not (isinstance(task_class, type) and issubclass(task_class, (ClassificationTask, MaskedPretraining))):
         raise ModelFolderError(f"{path}: task_class {task_class_name!r} is no classifier of this tsformer")
     try:
         return task_class(**hparams)

@@ -15,9 +15,11 @@ loaded and checked (`classifier.load_model`) before the data is read. Once the n
   learned positions that fit by name and shape.
 Either way the blocks' settings (`BLOCK_SETTINGS`: d_model, n_heads, n_layers, ...) must be the model's:
 some of them (n_heads, norm) change what the weights mean without changing a shape.
-  The input projections are never taken: each task lays its inputs out its own way (masked fill-in
-  reads values, mask flags and covariates; reconstruction the covariates; a classifier the
-  channels), so a width that happens to match would still mean other inputs. Neither are the heads,
+  The input projections are taken only between tasks that declare one input layout (`input_layout`:
+  a classifier and the masked pre-training of its encoder both read the scaled channels of each
+  step), where they fit by shape; otherwise each task lays its inputs out its own way (masked fill-in
+  reads values, mask flags and covariates; reconstruction the covariates), so a width that happens
+  to match would still mean other inputs. Neither are the heads,
   [CLS] token, linear skip, static embeddings and RevIN affine of the other task: they answer
   another question.
 The task's own buffers (a classifier's class weights, a distribution head's spread factors) always
@@ -98,7 +100,8 @@ OUTPUT_LAYERS = ("net.head.", "net.linear_skip.")  # what `freeze` leaves traina
 def freeze(task: torch.nn.Module, taken: list[str]) -> None:
     """`init_from_freeze=true`: the parameters `taken` from the model stay as they are, but the output
     layer; what the run initialised trains. A refit then recalibrates the model's outputs (a few weeks of
-    one season cannot overfit them much); a pre-trained encoder is probed with a new input and head."""
+    one season cannot overfit them much); a pre-trained encoder is probed with a new head (and a new
+    input projection unless both tasks read one input layout)."""
     frozen = set(taken)
     for name, p in task.named_parameters():
         p.requires_grad_(name not in frozen or name.startswith(OUTPUT_LAYERS))
@@ -136,11 +139,15 @@ def load_into(
     own = task.state_dict()
     same_task = type(source.task) is type(task)
     wanted = _fitting_part(task, own, source, same_task, vocabularies)
-    if not same_task:  # learned positions: wherever they fit
+    if not same_task:  # learned positions, and the input projection of one input layout: where they fit
+        layout = getattr(task, "input_layout", None)
+        same_inputs = layout is not None and getattr(source.task, "input_layout", None) == layout
         wanted += [
             k
             for k in own
-            if ".positional." in k and k in source.state and source.state[k].shape == own[k].shape
+            if (".positional." in k or (same_inputs and k.startswith("net.input_proj.")))
+            and k in source.state
+            and source.state[k].shape == own[k].shape
         ]
     task.load_state_dict({k: source.state[k] for k in wanted}, strict=False)
     fresh = [k for k in own if k not in set(wanted)]
@@ -151,7 +158,7 @@ def load_into(
         len(own),
         source.location,
         f" (run {source.run_id})" if source.run_id else "",
-        "" if same_task else f", the Transformer blocks of a {type(source.task).__name__}",
+        "" if same_task else f", the Transformer blocks and what fits of a {type(source.task).__name__}",
         ", ".join(fresh) or "none",
     )
     return {"taken": wanted, "fresh": fresh}

@@ -116,6 +116,12 @@ def _all_test_windows(value) -> str | None:
     return None
 
 
+def _label_share(value) -> str | None:
+    if not _is_number(value) or not 0 < value <= 1:
+        return "the share of the training samples that keep their label must be in (0, 1], e.g. 0.1"
+    return None
+
+
 # setting -> rule: a message saying what is wrong with its value, None when it is fine. Absent
 # settings (a config without that group) are not checked.
 RULES = {
@@ -126,6 +132,7 @@ RULES = {
     "data.eval_stride": _at_least_one("data.eval_stride", "steps between validation and test windows"),
     "data.val_fraction": _fraction,
     "data.test_fraction": _fraction,
+    "data.label_fraction": _label_share,
     "model.lr": _positive,
     "trainer.max_epochs": _trains_at_all("trainer.max_epochs", "-1 or null: no limit"),
     "trainer.max_steps": _trains_at_all("trainer.max_steps", "-1: no limit"),
@@ -134,6 +141,7 @@ RULES = {
 }
 
 _ABSENT = object()
+SEQUENCES = "tsformer.data.sequences."  # the classification data modules
 
 
 def check(cfg: DictConfig) -> None:
@@ -155,3 +163,9 @@ def check(cfg: DictConfig) -> None:
                 f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
                 "their sum must stay below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
             )
+    if data is not None and data.get("pretraining") and not str(data.get("_target_")).startswith(SEQUENCES):
+        raise SettingError(
+            f"pretrain=masked pre-trains a classifier's encoder on labelled sequences or streams (e.g. "
+            f"experiment=osuleaf pretrain=masked); data={data.get('name')} is a table of windows: masked "
+            "fill-in on windows is model=enc_only_masked"
+        )

@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import classification_outputs, init_from, resume, settings, tracking
+from tsformer import classification_outputs, init_from, pretraining_outputs, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.config import command_line, config_dir
 from tsformer.data.schema import DataValidationError
@@ -162,7 +162,7 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
     `baselines`: extra ones, beside the naive baseline (forecasting and reconstruction)."""
     job = job_of(datamodule)
     sizes = job.task_sizes(datamodule)
-    extra = {"baselines": baselines} if job is not JOBS["classification"] else {}
+    extra = {"baselines": baselines} if job is JOBS["forecasting"] else {}
     try:
         task = _instantiate_settings(
             model_cfg,
@@ -452,6 +452,13 @@ JOBS = {
         classification_outputs.log_outputs,
         classification_outputs.print_summary,
         "labelled sequences or streams, for model=enc_only_classifier",
+    ),
+    "pretraining": Job(
+        pretraining_outputs.task_sizes,
+        pretraining_outputs.write_outputs,
+        pretraining_outputs.log_outputs,
+        pretraining_outputs.print_summary,
+        "labelled sequences or streams with a classifier's model config, for pretrain=masked",
     ),
 }
 

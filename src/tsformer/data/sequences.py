@@ -18,7 +18,11 @@ Two layouts a user has, two LightningDataModules with one interface (`Classifica
 
 Both: the classes are the labels of the training samples (sorted, numbers in numeric order, or in
 `class_order`); a val or test sample of another class is an error naming it. Each channel is standardised with a scaler fitted
-on the training samples' rows only. A batch is a dict: `x` (B, T, D) float32, `valid` (B, T) bool,
+on the training samples' rows only. `label_fraction` < 1 keeps the labels of a seeded, stratified share
+of the training samples for the classifier (the others are left out of its training; validation and
+test are untouched); `pretraining: true` (`conf/pretrain/masked.yaml`) gives every training sample,
+labels ignored, to masked pre-training of the encoder (`tsformer.tasks.pretraining`).
+A batch is a dict: `x` (B, T, D) float32, `valid` (B, T) bool,
 `label` (B,) int64 class index, `sample` (B,) int64 (the sample's index in its split).
 """
 
@@ -38,6 +42,7 @@ from tsformer.data.datamodule import SPLITS, EvalShard, TimeSeriesDataModule
 from tsformer.data.features import Affine, check_scaler
 from tsformer.data.schema import DataValidationError, describe_row, plain
 from tsformer.data.sources import find_first, load_table, shared_data_folders
+from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +110,17 @@ def stratified_part(labels: np.ndarray, fraction: float, seed: int) -> np.ndarra
         chosen[members[: min(n, len(members) - 1)]] = True
     if fraction > 0 and not chosen.any() and len(labels) > 1:
         chosen[rng.integers(len(labels))] = True
+    return chosen
+
+
+def labelled_part(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Bool mask of a seeded `fraction` of the samples of each class, rounded, at least one per class
+    (a class with no labelled sample could not be learnt, and `classes` would still name it)."""
+    rng = np.random.default_rng(seed)
+    chosen = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        chosen[members[: max(1, round(len(members) * fraction))]] = True
     return chosen
 
 
@@ -182,6 +198,11 @@ class SampleDataset(Dataset):
             "sample": torch.tensor(i),
         }
 
+    def subset(self, keep: np.ndarray) -> SampleDataset:
+        """The samples where `keep` `(S,)` is True (views of the same arrays), renumbered from 0."""
+        index = np.flatnonzero(keep)
+        return SampleDataset([self.samples[i] for i in index], self.labels[index])
+
     def padded(self) -> tuple[np.ndarray, np.ndarray]:
         """Every sample padded to the longest: x `(S, T, D)`, valid `(S, T)` (for the baselines)."""
         batch = pad_batch([self[i] for i in range(len(self))])
@@ -191,8 +212,6 @@ class SampleDataset(Dataset):
 class ClassificationData(L.LightningDataModule):
     """What the classification task and its outputs read from either layout (set by `setup`)."""
 
-    job = "classification"
-
     def __init__(
         self,
         name: str,
@@ -201,8 +220,16 @@ class ClassificationData(L.LightningDataModule):
         seed: int,
         num_workers: int = 0,
         class_order=None,
+        label_fraction: float = 1.0,
+        pretraining: bool = False,
     ):
         super().__init__()
+        if not 0.0 < float(label_fraction) <= 1.0:
+            raise SettingError(
+                f"data.label_fraction={label_fraction}: the share of the training samples that keep their "
+                "label must be in (0, 1]; e.g. 0.1, or 1.0 for every label"
+            )
+        self.label_fraction, self.pretraining = float(label_fraction), bool(pretraining)
         self.name = name
         self.class_order = None if class_order is None else [str(c) for c in class_order]
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
@@ -214,8 +241,27 @@ class ClassificationData(L.LightningDataModule):
         self.infos: dict[str, pd.DataFrame] = {}  # per split: series_id [, window_end_time]
 
     @property
+    def job(self) -> str:
+        """Which `train.Job` this data feeds: masked pre-training (labels ignored) or classification."""
+        return "pretraining" if self.pretraining else "classification"
+
+    @property
     def d_in(self) -> int:
         return len(self.channel_names)
+
+    def keep_labels(self, datasets: dict[str, SampleDataset], source: str) -> dict[str, SampleDataset]:
+        """`datasets` with the training samples cut to the labelled share (`label_fraction`, stratified,
+        seeded), unless every label is kept or the run pre-trains (every sample's values, no label)."""
+        if self.label_fraction == 1.0 or self.pretraining:
+            return datasets
+        train = datasets["train"]
+        keep = labelled_part(train.labels, self.label_fraction, self.seed + 2)
+        self.infos["train"] = self.infos["train"][keep].reset_index(drop=True)
+        log.info(
+            "%s: data.label_fraction=%g: %d of %d training samples keep their label",
+            source, self.label_fraction, int(keep.sum()), len(keep),
+        )  # fmt: skip
+        return datasets | {"train": train.subset(keep)}
 
     @property
     def n_classes(self) -> int:
@@ -282,8 +328,12 @@ class SequenceDataModule(ClassificationData):
         num_workers: int = 0,
         class_order: list[str] | None = None,
         csv: dict | None = None,
+        label_fraction: float = 1.0,
+        pretraining: bool = False,
     ):
-        super().__init__(name, batch_size, eval_batch_size, seed, num_workers, class_order)
+        super().__init__(
+            name, batch_size, eval_batch_size, seed, num_workers, class_order, label_fraction, pretraining
+        )
         self.train_source, self.test_source = train, test
         self.series_col, self.step_col, self.label_col = series_col, step_col, label_col
         self.channel_cols = None if channel_cols is None else [str(c) for c in channel_cols]
@@ -333,7 +383,7 @@ class SequenceDataModule(ClassificationData):
             scaled = [self.channel_scaler.transform(x).astype(np.float32) for x in part["x"]]
             datasets[split] = SampleDataset(scaled, codes)
             self.infos[split] = pd.DataFrame({"series_id": part["ids"]})
-        self.datasets = datasets  # assigned last: a failed setup leaves the module un-set-up
+        self.datasets = self.keep_labels(datasets, source)  # last: a failed setup leaves it un-set-up
         lengths = [len(x) for x in parts["train"]["x"]]
         log.info(
             "%s: %d classes, %d channels, lengths %d..%d; series train %d, val %d, test %d",
@@ -363,9 +413,13 @@ class StreamDataModule(ClassificationData):
         seed: int = 0,
         num_workers: int = 0,
         class_order: list[str] | None = None,
+        label_fraction: float = 1.0,
+        pretraining: bool = False,
         **window_options,
     ):
-        super().__init__(name, batch_size, eval_batch_size, seed, num_workers, class_order)
+        super().__init__(
+            name, batch_size, eval_batch_size, seed, num_workers, class_order, label_fraction, pretraining
+        )
         self.source, self.label_col = source, str(label_col)
         self.channel_names = [str(c) for c in channel_cols]
         self.context_len = int(context_len)
@@ -419,7 +473,8 @@ class StreamDataModule(ClassificationData):
             samples = _WindowViews(target.numpy(), windows.datasets[split].starts, self.context_len)
             datasets[split] = SampleDataset(samples, codes)
             self.infos[split] = info
-        self.windows, self.datasets = windows, datasets  # last: a failed setup leaves it un-set-up
+        self.windows = windows
+        self.datasets = self.keep_labels(datasets, source)  # last: a failed setup leaves it un-set-up
         log.info(
             "%s: %d classes %s; windows train %d, val %d, test %d",
             source, self.n_classes, self.classes, *(len(self.datasets[s]) for s in SPLITS),

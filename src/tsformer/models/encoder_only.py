@@ -9,6 +9,8 @@ Heads:
   is added to the output, so the Transformer learns what a per-row linear regression misses; the
   linear part extrapolates when a plant drifts outside the training range, where a network alone
   saturates;
+- `per_token`: `(B, N, d_in) -> (B, N', d_out)`, one output vector per token: per step, or per patch
+  (masked pre-training of a classifier's encoder restores each patch's P * D values with it);
 - `classification`: `(B, N, d_in) -> (B, n_classes)` logits, pooled from a learned `[CLS]` token
   (prepended at position 0) or by the mean over real steps;
 - `forecast`: `(B, N, d_in) -> (B, M, d_out)`: the N encoder outputs flattened and mapped to M future
@@ -37,7 +39,7 @@ from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
 from tsformer.nn.positional import build_positional
 
-HEADS = ("per_step", "classification", "forecast")
+HEADS = ("per_step", "per_token", "classification", "forecast")
 POOLINGS = ("cls", "mean")
 
 
@@ -45,7 +47,7 @@ POOLINGS = ("cls", "mean")
 class EncoderOnlyConfig(TransformerConfig):
     d_in: int = 1  # features per input step
     d_out: int = 1  # outputs per step (per_step and forecast heads)
-    head: str = "per_step"  # "per_step" | "classification" | "forecast"
+    head: str = "per_step"  # "per_step" | "per_token" | "classification" | "forecast"
     n_classes: int = 2  # classification head
     pooling: str = "cls"  # classification head: "cls" token or "mean" over real steps
     context_len: int = 100  # forecast head: the fixed window length N it flattens
@@ -82,7 +84,7 @@ class EncoderOnly(nn.Module):
             raise ValueError(f"linear_skip belongs to the per_step head, not to head={cfg.head!r}")
         d_out = cfg.d_out * cfg.n_params  # outputs per step: every parameter of every channel
         self.linear_skip = nn.Linear(cfg.d_in, d_out) if cfg.linear_skip else None
-        if cfg.head == "per_step":
+        if cfg.head in ("per_step", "per_token"):
             self.head = nn.Linear(cfg.d_model, d_out)
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
@@ -118,6 +120,8 @@ class EncoderOnly(nn.Module):
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
         h = self.encode(x, valid)
+        if self.cfg.head == "per_token":
+            return self.head(h)  # (B, N', d_out)
         if self.cfg.head == "per_step":
             out = self.head(h)  # (B, N, d_out)
             return out + self.linear_skip(x) if self.linear_skip is not None else out

@@ -1,10 +1,11 @@
 """LightningModules: one per job (state reconstruction, masked fill-in, forecasting by family, sequence
-classification)."""
+classification and the masked pre-training of its encoder)."""
 
 from tsformer.tasks.base import WindowTask
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.masked import MaskedFillIn
+from tsformer.tasks.pretraining import MaskedPretraining
 from tsformer.tasks.reconstruction import ReconstructionTask
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "EncoderDecoderForecaster",
     "EncoderForecaster",
     "MaskedFillIn",
+    "MaskedPretraining",
     "ReconstructionTask",
     "WindowTask",
 ]

@@ -127,6 +127,7 @@ class ClassificationTask(L.LightningModule):
     """`model=enc_only_classifier` (see the module docstring)."""
 
     family = "enc_only_classifier"
+    input_layout = "channels"  # the scaled channels of each step: masked pre-training reads the same
 
     def __init__(
         self,

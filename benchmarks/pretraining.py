@@ -1,0 +1,174 @@
+"""Does masked pre-training help the classifier (issue 28)? Scratch vs pre-trained then fine-tuned, 3 seeds.
+
+    python benchmarks/pretraining.py --results benchmarks/RESULTS_pretraining.md     # every data set, 3 seeds
+    python benchmarks/pretraining.py --datasets OSULeaf --seeds 0 --pretrain-set model.mask_ratio=0.3
+
+Each row is ordinary `train.run`s (`benchmarks/classification.py`'s `quiet_run`: no logger, outputs
+under a temporary folder), per seed:
+- `scratch`: `python train.py experiment=<set> seed=<s>`, the experiment's settings as they are;
+- `pretrained`: `python train.py experiment=<set> pretrain=masked seed=<s>` (masked fill-in on the
+  training samples, labels ignored; the seed draws the same validation samples, which it never sees),
+  then the scratch command with `init_from=<that run's model folder>`: the same fine-tuning settings.
+JapaneseVowels and OSULeaf: the archive's split, 80/20 stratified train/val of the train file, every
+test series. plant_regime (`experiment=plant_regime`): `data.label_fraction=0.1` in both arms, so the
+classifier learns from a stratified 10 % of the training windows' labels, and pre-training reads every
+training window without its label. Pre-training runs up to `--pretrain-steps` optimizer steps (the
+same budget for small and large data sets; early-stopped on the validation masked MSE); its settings
+(`--pretrain-set`, `--pretrain-steps`) are chosen on the fine-tuned validation log loss, never on test.
+
+The table is printed and, with `--results`, written as a markdown file: measured rows only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from classification import EXPERIMENTS, quiet_run, scores
+
+SETS = {**EXPERIMENTS, "plant_regime": "plant_regime"}
+EXTRA = {"plant_regime": ["data.label_fraction=0.1"]}  # both arms: the semi-supervised case
+ARMS = ("scratch", "pretrained")
+
+
+def one_seed(dataset: str, seed: int, args) -> list[dict]:
+    """The scratch and the pre-trained row of one data set and seed."""
+    common = [f"experiment={SETS[dataset]}", f"seed={seed}", *EXTRA.get(dataset, []), *args.set]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        result, seconds = quiet_run(common, args.epochs, args.patience, Path(tmp) / "scratch")
+        rows.append({"dataset": dataset, "arm": "scratch", "seed": seed, **scores(result, seconds)})
+        pre, pre_seconds = quiet_run(  # a budget of optimizer steps, whatever the number of samples
+            [*common, "pretrain=masked", f"+trainer.max_steps={args.pretrain_steps}", *args.pretrain_set],
+            -1,
+            args.pretrain_patience,
+            Path(tmp) / "pretrain",
+        )
+        tuned, seconds = quiet_run(
+            [*common, f"init_from={pre.model_folder}"], args.epochs, args.patience, Path(tmp) / "tuned"
+        )
+    pretraining = {
+        "pre_val_mse": pre.best_val,
+        "pre_test_mse": pre.metrics["test/mse"],
+        "pre_test_interpolation_mse": pre.metrics["test/baseline_mse"],
+        "pre_seconds": pre_seconds,
+    }
+    rows.append(
+        {"dataset": dataset, "arm": "pretrained", "seed": seed, **scores(tuned, seconds), **pretraining}
+    )
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    """One line per data set and arm (mean (min..max) over the seeds), then one verdict per data set."""
+    lines = [
+        (
+            "| data set | arm | seeds | test accuracy mean (min..max) | balanced acc. | log loss "
+            "| val log loss | pre-training val masked MSE | test masked MSE (interpolation) "
+            "| s/run (pre-training) |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["arm"]), []).append(r)
+    for (dataset, arm), rs in groups.items():
+
+        def mean(key, rs=rs):
+            return statistics.fmean(r[key] for r in rs)
+
+        acc = [r["accuracy"] for r in rs]
+        pre = arm == "pretrained"
+        lines.append(
+            f"| {dataset} | {arm} | {len(rs)} | {mean('accuracy'):.4f} ({min(acc):.4f}..{max(acc):.4f}) | "
+            f"{mean('balanced_accuracy'):.4f} | {mean('log_loss'):.4f} | {mean('val_log_loss'):.4f} | "
+            + (f"{mean('pre_val_mse'):.4f} | " if pre else "| ")
+            + (f"{mean('pre_test_mse'):.4f} ({mean('pre_test_interpolation_mse'):.4f}) | " if pre else "| ")
+            + f"{mean('seconds'):.0f}"
+            + (f" ({mean('pre_seconds'):.0f})" if pre else "")
+            + " |"
+        )
+    lines.append("")
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        lines.append(
+            f"- {verdict(groups.get((dataset, 'scratch'), []), groups.get((dataset, 'pretrained'), []))}"
+        )
+    return lines
+
+
+def verdict(scratch: list[dict], tuned: list[dict]) -> str:
+    """Whether pre-training helped one data set: by the mean test accuracy, with the validation log loss."""
+    if not scratch or not tuned:
+        return "incomplete"
+
+    def mean(rs, key):
+        return statistics.fmean(r[key] for r in rs)
+
+    dataset = scratch[0]["dataset"]
+    gain = mean(tuned, "accuracy") - mean(scratch, "accuracy")
+    val = mean(tuned, "val_log_loss") - mean(scratch, "val_log_loss")
+    overlap = min(r["accuracy"] for r in tuned) <= max(r["accuracy"] for r in scratch)
+    if gain > 0 and val < 0:
+        answer = "pre-training helps" + (
+            ", within the seeds' spread (their ranges overlap)" if overlap else ""
+        )
+    elif gain <= 0 and val >= 0:
+        answer = "pre-training does not help"
+    else:
+        answer = "no clear effect (test accuracy and validation log loss disagree)"
+    return (
+        f"**{dataset}: {answer}**: test accuracy {gain:+.4f}, validation log loss {val:+.4f} "
+        "(pre-trained minus scratch, means of the seeds)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--datasets", default="JapaneseVowels,OSULeaf,plant_regime")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=100, help="classifier (scratch and fine-tuning)")
+    parser.add_argument("--patience", type=int, default=15, help="early stopping on the validation log loss")
+    parser.add_argument("--pretrain-steps", type=int, default=3000, help="optimizer steps of pre-training")
+    parser.add_argument("--pretrain-patience", type=int, default=15, help="on the validation masked MSE")
+    parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for every run")
+    parser.add_argument("--pretrain-set", nargs="*", default=[], help="Hydra overrides for pre-training")
+    parser.add_argument("--results", help="write the table (markdown) to this file")
+    args = parser.parse_args()
+
+    rows = []
+    for dataset in args.datasets.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            rows += one_seed(dataset, seed, args)
+            for r in rows[-2:]:
+                print(
+                    f"{dataset} {r['arm']} seed {seed}: test accuracy {r['accuracy']:.4f}, "
+                    f"val log loss {r['val_log_loss']:.4f} ({r['seconds']:.0f} s)"
+                    + (f"; pre-training val masked MSE {r['pre_val_mse']:.4f}" if "pre_val_mse" in r else ""),
+                    flush=True,
+                )
+    command = (
+        f"python benchmarks/pretraining.py --datasets {args.datasets} --seeds {args.seeds} "
+        f"--epochs {args.epochs} --patience {args.patience} --pretrain-steps {args.pretrain_steps} "
+        f"--pretrain-patience {args.pretrain_patience}"
+        + (f" --set {' '.join(args.set)}" if args.set else "")
+        + (f" --pretrain-set {' '.join(args.pretrain_set)}" if args.pretrain_set else "")
+    )
+    machine = platform.processor() or platform.machine()
+    threads, version = torch.get_num_threads(), torch.__version__
+    when = f"Measured {dt.date.today()} on {machine} ({threads} threads), torch {version}"
+    header = [f"{when}: `{command}`", ""]
+    lines = table(rows)
+    print("\n".join(["", *header, *lines]))
+    if args.results:
+        Path(args.results).write_text("\n".join(header + lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
