@@ -13,7 +13,14 @@ from tsformer.train import CONFIG_DIR, _instantiate_group, build_task, compose_c
 
 CONF = Path(CONFIG_DIR)
 # the data= and experiment= options that read a real data set, not a simulation
-REAL_DATA = {"ett", "gas_turbine", "gas_turbine_refit", "imputation_ett", "wind_scada", "wind_scada_forecast_error"}
+REAL_DATA = {
+    "ett",
+    "gas_turbine",
+    "gas_turbine_refit",
+    "imputation_ett",
+    "wind_scada",
+    "wind_scada_forecast_error",
+}
 # classification's options (labelled data, model=enc_only_classifier): tested with each other, below
 CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
 ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive sets (needs_data)
