@@ -44,7 +44,7 @@ def one_seed(dataset: str, seed: int, args) -> list[dict]:
         result, seconds = quiet_run(common, args.epochs, args.patience, Path(tmp) / "scratch")
         rows.append({"dataset": dataset, "arm": "scratch", "seed": seed, **scores(result, seconds)})
         pre, pre_seconds = quiet_run(  # a budget of optimizer steps, whatever the number of samples
-            [*common, "pretrain=masked", f"+trainer.max_steps={args.pretrain_steps}", *args.pretrain_set],
+            [*common, "pretrain=masked", f"trainer.max_steps={args.pretrain_steps}", *args.pretrain_set],
             -1,
             args.pretrain_patience,
             Path(tmp) / "pretrain",
