@@ -103,3 +103,14 @@ def test_sensor_overshoots_after_a_load_step():
         [np.abs(sensor[s : s + 15] - sensor[s - 1]).max() / abs(load[s] - load[s - 1]) for s in steps]
     )
     assert np.median(swing) > 1.1, swing
+
+
+def test_plant_heating_drift_changes_the_plant_from_its_start_only():
+    plain = simulate_plant(n_series=2, n_steps=1000, seed=0)
+    aged = simulate_plant(n_series=2, n_steps=1000, seed=0, heating_drift=0.2, drift_start=0.6)
+    pd.testing.assert_frame_equal(plain[PLANT_INPUTS], aged[PLANT_INPUTS])  # no random number drawn
+    before = plain.groupby("series_id").cumcount() < 600
+    pd.testing.assert_frame_equal(plain[before], aged[before])
+    # more heating: the temperature settles higher above ambient once the drift has acted (~3 tau_T)
+    later = ~before & (plain.groupby("series_id").cumcount() >= 700)
+    assert (aged.dynamic_temperature[later] > plain.dynamic_temperature[later]).mean() > 0.95

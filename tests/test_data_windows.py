@@ -92,6 +92,19 @@ def test_test_targets_lie_in_the_test_period_and_history_may_start_before():
     np.testing.assert_allclose(y.numpy(), first_target_row + np.arange(4), atol=1e-3)
 
 
+def test_train_start_leaves_earlier_rows_to_history_alone():
+    df = one_series()
+    dm = make_dm(df, train_start="2024-01-01 01:00")  # 60 of the 120 rows before val_start stay out
+    train_start = np.datetime64("2024-01-01 01:00")
+    assert (dm.target_times("train") >= train_start).all()
+    assert dm.n_windows("train") == 60 - 4 + 1  # as many as targets fit in [01:00, 02:00)
+    assert (dm.window_info("train")["origin_time"] < train_start).any()  # earlier rows as history
+    kept = df[(df.time >= "2024-01-01 01:00") & (df.time < "2024-01-01 02:00")]
+    np.testing.assert_allclose(dm.features.target_scaler.offset, [kept.y.mean()])  # scaled on them alone
+    with pytest.raises(ValueError, match="train_start .* is after val_start"):
+        make_dm(df, train_start="2024-01-01 02:10")
+
+
 def test_reconstruction_windows_are_their_own_target():
     dm = make_dm(one_series(), context_len=10, horizon=0)
     item = dm.datasets["test"][3]

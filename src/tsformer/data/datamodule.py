@@ -5,6 +5,8 @@ Data flow in `setup`:
    (`csv`: options for pandas' CSV reader, `time_format`: how text times are written);
 2. split chronologically on the shared time axis: cut-off timestamps `val_start` and `test_start`
    (explicit, or from the fractions of distinct timestamps), the same calendar time for every series;
+   with `train_start`, the rows before it are in no split (a refit on the newest rows): windows may
+   read them as history, nothing else does;
 3. look for absurd values in the train rows (`outliers.py`; `outliers`: warn | error | ignore), then
    fit the feature pipeline on the train rows only (`features.py`: scalers for targets, for known +
    observed covariates and for static numbers; the calendar channels, already in [-1, 1], stay
@@ -134,6 +136,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         test_fraction: float = 0.15,
         val_start=None,
         test_start=None,
+        train_start=None,
         scaler: str = "standard",
         batch_size: int = 64,
         eval_batch_size: int = 256,
@@ -175,7 +178,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if self.context_len < 1 or self.horizon < 0:
             raise ValueError(f"need context_len >= 1 and horizon >= 0, got {context_len} and {horizon}")
         self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
-        self.val_start, self.test_start = val_start, test_start
+        self.val_start, self.test_start, self.train_start = val_start, test_start, train_start
         self.scaler_kind = check_scaler(scaler)  # fail now on a typo, not after reading the data
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.train_stride, self.eval_stride = int(train_stride), int(eval_stride)
@@ -304,11 +307,13 @@ class TimeSeriesDataModule(L.LightningDataModule):
         times = clean[self.schema.time_col].to_numpy()  # (rows,) datetime64[ns]
         cutoffs = self._cutoffs(times, step)
         split_of_row = np.searchsorted(cutoffs[1:3], times, side="right")  # 0 train, 1 val, 2 test
+        split_of_row[times < cutoffs[0]] = -1  # before train_start: history of windows only
         rows_per_split = {s: int((split_of_row == i).sum()) for i, s in enumerate(SPLITS)}
         if rows_per_split["train"] == 0:
             raise DataValidationError(
-                f"{source}: the train split is empty (every {self.schema.time_col} is after "
-                f"val_start={pd.Timestamp(cutoffs[1])}); move val_start or lower the fractions"
+                f"{source}: the train split is empty (no {self.schema.time_col} from "
+                f"{pd.Timestamp(cutoffs[0])} to before val_start={pd.Timestamp(cutoffs[1])}); move "
+                "val_start (or train_start) or lower the fractions"
             )
 
         profiled = [*self.schema.value_cols, *self.schema.static_cols]  # the columns the scalers see
@@ -385,7 +390,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         return np.concatenate(starts)
 
     def _cutoffs(self, times: np.ndarray, step: pd.Timedelta) -> np.ndarray:
-        """[first time, val_start, test_start, after the last time] as datetime64[ns].
+        """[first time or train_start, val_start, test_start, after the last time] as datetime64[ns].
 
         Split k holds the times in [cutoffs[k], cutoffs[k + 1]); explicit timestamps win over fractions.
         """
@@ -405,7 +410,12 @@ class TimeSeriesDataModule(L.LightningDataModule):
         val, test = np.datetime64(pd.Timestamp(val), "ns"), np.datetime64(pd.Timestamp(test), "ns")
         if test < val:
             raise ValueError(f"test_start {pd.Timestamp(test)} is before val_start {pd.Timestamp(val)}")
-        return np.array([distinct[0], val, test, after_end], dtype="datetime64[ns]")
+        first = (
+            distinct[0] if self.train_start is None else np.datetime64(pd.Timestamp(self.train_start), "ns")
+        )
+        if first > val:
+            raise ValueError(f"train_start {pd.Timestamp(first)} is after val_start {pd.Timestamp(val)}")
+        return np.array([first, val, test, after_end], dtype="datetime64[ns]")
 
     def _no_window_error(self, source, split, in_split: np.ndarray, clean) -> DataValidationError:
         offset, n_target = target_span(self.context_len, self.horizon)

@@ -23,7 +23,8 @@ Notation: t is the step, xi ~ N(0, 1) fresh noise at every step, U(a, b) a unifo
      T_{t+1}  = T_t + (T*_t - T_t) / tau_T + 0.05 xi
      P*_t     = Pa_t + beta (exp(gamma (T_t - 20)) - 1) pressure the plant tends to (vapour-like)
      P_{t+1}  = P_t + (P*_t - P_t) / tau_P + 0.02 xi
-     R0 ~ U(45, 55), k ~ U(0.03, 0.04) K/W, tau_T ~ U(10, 30), beta ~ U(2, 4) kPa,
+     R0 ~ U(45, 55), k ~ U(0.03, 0.04) K/W (times 1 + heating_drift from the drift on), tau_T ~ U(10, 30),
+     beta ~ U(2, 4) kPa,
      gamma ~ U(0.03, 0.045) 1/K, tau_P ~ U(5, 15)
    Measured states
      dynamic_temperature = T_t + 0.2 xi   [degC],   dynamic_pressure = P_t + 0.1 xi   [kPa]
@@ -119,13 +120,20 @@ def simulate_plant(
     start: str = "2024-01-01",
     seed: int = 0,
     with_fouling: bool = False,
+    heating_drift: float = 0.0,
+    drift_start: float = 0.7,
 ) -> pd.DataFrame:
     """Plant with known inputs (ambient pressure and temperature, supply voltage) and two lagged states.
 
     Columns: series_id, time, ambient_pressure, ambient_temperature, supply_voltage,
     dynamic_temperature, dynamic_pressure (and, `with_fouling`, the hidden fouling factor `fouling`).
-    Equations in the module docstring.
+    Equations in the module docstring. `heating_drift`: from the step at fraction `drift_start` of the
+    series on, every series heats by that fraction more (k (1 + heating_drift), an aging heater): a
+    drift no input shows, for models refitted on the newer rows (`init_from`). It draws no random number:
+    the plant is otherwise the one without it.
     """
+    if not 0.0 <= drift_start <= 1.0:
+        raise ValueError(f"drift_start={drift_start}: a fraction of the steps, between 0 and 1")
     rng = np.random.default_rng(seed)
     warmup = 300
     n_total = n_steps + warmup
@@ -158,6 +166,7 @@ def simulate_plant(
     tau_t, tau_p = per_series(10, 30)[:, 0], per_series(5, 15)[:, 0]
     beta, gamma = per_series(2, 4)[:, 0], per_series(0.03, 0.045)[:, 0]
     process_noise = rng.standard_normal((2, S, n_total))
+    drift_step = warmup + int(round(drift_start * n_steps))
 
     temperature = np.empty((S, n_total))
     pressure = np.empty((S, n_total))
@@ -166,7 +175,8 @@ def simulate_plant(
     for t in range(n_total - 1):
         T = temperature[:, t]
         heating = supply_voltage[:, t] ** 2 / (r0 * (1 + 0.004 * (T - 20)))
-        T_target = ambient_temperature[:, t] + k * fouling[:, t] * heating
+        aging = 1.0 + heating_drift if t >= drift_step else 1.0
+        T_target = ambient_temperature[:, t] + k * aging * fouling[:, t] * heating
         P_target = ambient_pressure[:, t] + beta * (np.exp(gamma * (T - 20)) - 1)
         temperature[:, t + 1] = T + (T_target - T) / tau_t + 0.05 * process_noise[0, :, t]
         pressure[:, t + 1] = (
