@@ -81,8 +81,8 @@ def main() -> None:
 
     before = [train([*BEFORE, f"seed={s}"], f"before/{s}") for s in seeds]
     print(f"\nTrained before the drift, tested on everything after it (seeds {seeds}):\n")
-    print(pd.DataFrame(rows_of(before, "Transformer", False) + rows_of(before, "  linear regression", True))
-          .to_markdown(index=False))  # fmt: skip
+    table = rows_of(before, "Transformer", False) + rows_of(before, "  linear regression", True)
+    print(pd.DataFrame(table).to_markdown(index=False))
 
     refits, val_rows = {}, []
     for i, (label, overrides) in enumerate(REFITS.items()):
