@@ -166,7 +166,7 @@ def simulate_plant(
     tau_t, tau_p = per_series(10, 30)[:, 0], per_series(5, 15)[:, 0]
     beta, gamma = per_series(2, 4)[:, 0], per_series(0.03, 0.045)[:, 0]
     process_noise = rng.standard_normal((2, S, n_total))
-    drift_step = warmup + int(round(drift_start * n_steps))
+    drift_step = warmup + round(drift_start * n_steps)
 
     temperature = np.empty((S, n_total))
     pressure = np.empty((S, n_total))
