@@ -38,7 +38,7 @@ import logging
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -77,9 +77,8 @@ class DataContract(FeaturePipeline):
     @classmethod
     def of(cls, datamodule) -> DataContract:
         """The contract of a set-up data module: its fitted pipeline, window and reading options."""
-        features = datamodule.features
         return cls(
-            **{f.name: getattr(features, f.name) for f in fields(FeaturePipeline)},
+            **datamodule.features.pipeline_fields(),
             series_col=datamodule.schema.series_col,
             freq=datamodule.freq.freqstr,
             context_len=datamodule.context_len,

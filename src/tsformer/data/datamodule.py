@@ -30,7 +30,6 @@ window is evaluated by exactly one process.
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
 from functools import partial
 
 import lightning as L
@@ -264,19 +263,27 @@ class TimeSeriesDataModule(L.LightningDataModule):
         of newer rows would give other ones. Its columns must be this data's, in their roles."""
         if self.datasets:
             raise RuntimeError("keep_features must come before setup()")
-        theirs = {f.name: getattr(features, f.name) for f in fields(FeaturePipeline)}
-        roles = {
-            "target_cols": list(self.schema.target_cols),
-            "known_cols": list(self.schema.known_cols),
-            "observed_cols": list(self.schema.observed_cols),
-            "calendar": list(self.calendar),
-            "static_cols": list(self.schema.static_cols),
-            "static_categorical_cols": list(self.schema.static_categorical_cols),
-        }
-        differ = [f"data.{k}={v} here, {theirs[k]} in the model" for k, v in roles.items() if theirs[k] != v]
+        theirs = features.pipeline_fields()
+        differ = [
+            f"data.{k}={v} here, {theirs[k]} in the model"
+            for k, v in self._column_roles().items()
+            if theirs[k] != v
+        ]
         if differ:
             raise ValueError(f"the model's columns are not this data's: {'; '.join(differ)}")
         self.kept_features = FeaturePipeline(**theirs)
+
+    def _column_roles(self) -> dict[str, list[str]]:
+        """The feature pipeline's columns by role, as it is fitted with them (and a kept one must have)."""
+        schema = self.schema
+        return {
+            "target_cols": list(schema.target_cols),
+            "known_cols": list(schema.known_cols),
+            "observed_cols": list(schema.observed_cols),
+            "calendar": list(self.calendar),
+            "static_cols": list(schema.static_cols),
+            "static_categorical_cols": list(schema.static_categorical_cols),
+        }
 
     def setup(self, stage: str | None = None) -> None:
         """Validate, split, fit the feature pipeline on train rows (or keep a refit's: `keep_features`),
@@ -324,12 +331,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             split_of_row == 0,
             scaler=self.scaler_kind,
             time_col=schema.time_col,
-            target_cols=schema.target_cols,
-            known_cols=schema.known_cols,
-            observed_cols=schema.observed_cols,
-            calendar=self.calendar,
-            static_cols=schema.static_cols,
-            static_categorical_cols=schema.static_categorical_cols,
+            **self._column_roles(),
         )
         arrays = features.transform(clean)
         if self.future_known_noise is not None:

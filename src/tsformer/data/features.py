@@ -13,7 +13,7 @@ One object, used by training (`TimeSeriesDataModule.features`, which cuts its wi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -150,6 +150,10 @@ class FeaturePipeline:
             static_scaler=fitted(static_cols),
             static_vocabularies=vocabularies,
         )
+
+    def pipeline_fields(self) -> dict:
+        """This pipeline's own fields by name (of a `DataContract` too: they are its first ones)."""
+        return {f.name: getattr(self, f.name) for f in fields(FeaturePipeline)}
 
     # -- sizes ------------------------------------------------------------------------------------
 
