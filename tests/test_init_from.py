@@ -5,6 +5,7 @@ Transformer blocks taken by a classifier, and refused by another family and othe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -154,7 +155,7 @@ def test_a_model_that_does_not_fit_stops_with_one_line_and_no_mlflow_run(source,
 def test_a_refit_refuses_static_embeddings_of_other_categories(source, tmp_path):
     result, _ = source
     loaded = init_from.resolve(str(result.model_folder), None)
-    loaded.vocabularies = {"series_id": ["0", "1"]}
+    loaded.features = dataclasses.replace(loaded.features, static_vocabularies={"series_id": ["0", "1"]})
     task = build(MASKED, tmp_path)
     init_from.load_into(task, loaded, {"series_id": ["0", "1"]})
     with pytest.raises(SettingError, match=r"static embeddings .* a refit needs the same categories"):

@@ -94,7 +94,7 @@ def test_a_classifier_takes_the_blocks_positions_and_input_projection_not_the_he
     fresh = {k: v.clone() for k, v in classifier.state_dict().items()}
     # moved off any initialisation (norms start at 1 in both tasks)
     state = {k: v + torch.rand_like(v) for k, v in source_task.state_dict().items()}
-    source = init_from.Source("folder", "folder", None, source_task, state, None, None)
+    source = init_from.Source("folder", "folder", None, source_task, state, None)
     parts = init_from.load_into(classifier, source)
     loaded = classifier.state_dict()
     shared = [k for k in loaded if k.startswith(("net.encoder.", "net.positional.", "net.input_proj."))]

@@ -61,8 +61,12 @@ class Source:
     run_id: str | None  # the run that trained it (its tsformer.json), if known
     task: torch.nn.Module  # the task with its weights
     state: dict[str, torch.Tensor]
-    vocabularies: dict | None  # the categories of its static embeddings (None: a classifier has none)
     features: FeaturePipeline | None  # its fitted scalers (None: a classifier's are of another kind)
+
+    @property
+    def vocabularies(self) -> dict | None:
+        """The categories of its static embeddings (None: a classifier has none)."""
+        return self.features.static_vocabularies if self.features is not None else None
 
     def tags(self) -> dict[str, str]:
         """What the new MLflow run records about where it started."""
@@ -89,9 +93,8 @@ def resolve(reference: str, tracking_uri: str | None) -> Source:
     else:  # the temporary download is gone: the URI it came from
         location = f"runs:/{reference}/model" if RUN_ID.match(reference) else reference
     state = {k: v.detach().clone() for k, v in model.task.state_dict().items()}
-    vocabularies = getattr(model.contract, "static_vocabularies", None)
     features = model.contract if isinstance(model.contract, FeaturePipeline) else None
-    return Source(reference, location, model.info.run_id, model.task, state, vocabularies, features)
+    return Source(reference, location, model.info.run_id, model.task, state, features)
 
 
 OUTPUT_LAYERS = ("net.head.", "net.linear_skip.")  # what `freeze` leaves trainable of the weights taken
