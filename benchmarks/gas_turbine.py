@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from examples import mean_sd
 
 from tsformer.train import compose_config, run
 
@@ -62,12 +63,6 @@ WHO = {"": "model", "baseline_": "linear regression", "baseline_hgb_": "gradient
 
 def train(overrides: list[str], out: Path):
     return run(compose_config([*overrides, *COMMON], out))
-
-
-def mean_sd(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.4g}"
-    return f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.2g}"
 
 
 def test_rows(results: list, label: str, baselines: bool) -> list[dict]:

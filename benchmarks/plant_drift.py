@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from examples import mean_sd
+from gas_turbine import UNCHANGED
 
 from tsformer.train import compose_config, run
 
@@ -37,7 +39,6 @@ REFITS = {
     "every weight, lr 0.001": ["model.lr=1e-3"],
     "output layer, lr 0.01": ["init_from_freeze=true", "model.lr=1e-2"],
 }
-UNCHANGED = ["model.lr=1e-12", "model.weight_decay=0.0", "trainer.max_epochs=1"]  # tested as it was
 COMMON = [
     "experiment=state_reconstruction",
     *DRIFT,
@@ -46,10 +47,6 @@ COMMON = [
     "logger.mlflow.experiment_name=plant_drift_benchmark",
 ]
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2"]
-
-
-def mean_sd(values: list[float]) -> str:
-    return f"{values[0]:.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.2g}"
 
 
 def rows_of(results: list, label: str, baseline: bool) -> list[dict]:
