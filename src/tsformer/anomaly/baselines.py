@@ -7,7 +7,11 @@ Each standardises the channels with a scaler fitted on the train rows (a channel
 keeps scale 1).
 - `HotellingT2`: the Mahalanobis distance to the train rows' mean, T² = dᵀ Σ⁺ d, with the
   pseudo-inverse of their covariance (a constant or collinear channel adds no direction and no
-  error); contributions d_c (Σ⁺ d)_c, which sum to T² (one may be negative where channels correlate).
+  error). A channel's contribution is how much T² drops when that channel alone is replaced by its
+  best value given the others, (Σ⁺ d)_c² / Σ⁺_cc (reconstruction-based contribution, Alcala & Qin
+  2009): never negative, and largest for the faulty channel of a large single-channel fault, where
+  the plain split d_c (Σ⁺ d)_c, which sums to T², can point at a correlated healthy channel. These
+  contributions do not sum to the score.
 - `PCAResidual`: the squared reconstruction error (SPE, the Q statistic) after projecting on the
   principal components that explain `explained_variance` of the train rows' variance; contributions
   are the squared errors per channel (they sum to the score).
@@ -75,8 +79,11 @@ class HotellingT2(_Standardised):
 
     def _score(self, z: np.ndarray) -> BaselineScores:
         d = z - self.mean  # (T, C)
-        contributions = d * (d @ self.precision)  # (T, C), sums to dᵀ Σ⁺ d per row
-        return BaselineScores(contributions.sum(axis=1), contributions)
+        pulled = d @ self.precision  # (T, C): Σ⁺ d per row (Σ⁺ is symmetric)
+        diagonal = np.diag(self.precision)  # (C,), 0 for a channel without variance in the train rows
+        safe = np.where(diagonal > 0, diagonal, 1.0)
+        contributions = np.where(diagonal > 0, pulled**2 / safe, 0.0)  # (T, C)
+        return BaselineScores((d * pulled).sum(axis=1), contributions)
 
 
 class PCAResidual(_Standardised):

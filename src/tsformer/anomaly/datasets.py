@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tsformer.data.schema import DataValidationError, describe_row
+from tsformer.data.schema import DataValidationError, describe_row, plain
 
 TSB_NAME = re.compile(r"_tr_(\d+)_1st_(\d+)")
 SKAB_TRAIN_ROWS = 400
@@ -76,14 +76,14 @@ def _checked(path: Path, frame: pd.DataFrame, channels: list[str], label_col: st
         row, col = bad[0]
         raise DataValidationError(
             f"error: {path}: column {channels[col]!r}, {describe_row(str(path), row)}: "
-            f"{frame[channels[col]].iloc[row]!r} is not a finite number"
+            f"{plain(frame[channels[col]].iloc[row])!r} is not a finite number"
         )
     label = frame[label_col].to_numpy()
     bad = np.flatnonzero(~np.isin(label, (0, 1)))
     if len(bad):
         raise DataValidationError(
             f"error: {path}: column {label_col!r}, {describe_row(str(path), bad[0])}: "
-            f"label {label[bad[0]]!r} is not 0 or 1"
+            f"label {plain(label[bad[0]])!r} is not 0 or 1"
         )
     return values.reset_index(drop=True), label.astype(int)
 

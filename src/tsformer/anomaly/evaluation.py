@@ -23,6 +23,8 @@ import numpy as np
 from sklearn.metrics import average_precision_score, precision_recall_fscore_support, roc_auc_score
 from sklearn.preprocessing import MinMaxScaler
 
+from tsformer.data.schema import plain
+
 # TSB-AD's defaults in `get_metrics`: the 'opt' implementation of VUS, 250 thresholds
 VUS_VERSION = "opt"
 VUS_THRESHOLDS = 250
@@ -61,10 +63,10 @@ def check_inputs(score, label, x_first_channel=None) -> tuple[np.ndarray, np.nda
         )
     bad = np.flatnonzero(~np.isfinite(score))
     if len(bad):
-        raise ValueError(f"error: the score is not finite at row {bad[0]} ({score[bad[0]]})")
+        raise ValueError(f"error: the score is not finite at row {bad[0]} ({plain(score[bad[0]])})")
     bad = np.flatnonzero(~np.isin(label, (0, 1)))
     if len(bad):
-        raise ValueError(f"error: labels must be 0 or 1; row {bad[0]} is {label[bad[0]]!r}")
+        raise ValueError(f"error: labels must be 0 or 1; row {bad[0]} is {plain(label[bad[0]])!r}")
     label = label.astype(int)
     if label.min() == label.max():
         raise ValueError(f"error: every label is {label[0]}: the metrics need anomalous and normal rows")
