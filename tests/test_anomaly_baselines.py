@@ -86,4 +86,9 @@ def test_bad_rows_are_named():
         HotellingT2().fit(train)
     with pytest.raises(ValueError, match="fitted on 4 channels, given 3"):
         PCAResidual().fit(correlated_rows(50)).score(correlated_rows(5)[:, :3])
-    assert [b.name for b in baselines(seed=0)] == ["hotelling_t2", "pca_residual", "isolation_forest", "random"]
+    assert [b.name for b in baselines(seed=0)] == [
+        "hotelling_t2",
+        "pca_residual",
+        "isolation_forest",
+        "random",
+    ]

@@ -25,7 +25,9 @@ def test_metrics_equal_tsb_ads_own_get_metrics_on_an_msl_file():
     from TSB_AD.utils.slidingWindows import find_length_rank
 
     run = datasets.tsb_ad_file(MSL_FILE)
-    assert run.train_end == 500 and run.score_start == 0 and run.label[780] == 1 and run.label[:780].sum() == 0
+    assert (
+        run.train_end == 500 and run.score_start == 0 and run.label[780] == 1 and run.label[:780].sum() == 0
+    )
     x = run.table.to_numpy()
     score = HotellingT2().fit(x[: run.train_end]).score(x).score  # real scores on every row
     ours = evaluate(score, run.label, x[:, 0])
@@ -35,7 +37,12 @@ def test_metrics_equal_tsb_ads_own_get_metrics_on_an_msl_file():
     scaled = MinMaxScaler(feature_range=(0, 1)).fit_transform(score.reshape(-1, 1)).ravel()
     theirs = get_metrics(scaled, run.label, slidingWindow=window)
     assert ours["sliding_window"] == window
-    for key, their_key in [("vus_pr", "VUS-PR"), ("vus_roc", "VUS-ROC"), ("auc_pr", "AUC-PR"), ("auc_roc", "AUC-ROC")]:
+    for key, their_key in [
+        ("vus_pr", "VUS-PR"),
+        ("vus_roc", "VUS-ROC"),
+        ("auc_pr", "AUC-PR"),
+        ("auc_roc", "AUC-ROC"),
+    ]:
         assert ours[key] == pytest.approx(theirs[their_key], abs=1e-6), key
 
 
@@ -51,10 +58,14 @@ def test_a_score_that_ranks_anomalies_first_beats_noise_and_its_reverse():
     label = np.zeros(1000, dtype=int)
     label[300:320] = label[700:730] = 1
     perfect = label + 0.01 * rng.uniform(size=1000)
-    good, noise, reverse = evaluate(perfect, label, x), evaluate(rng.uniform(size=1000), label, x), evaluate(-perfect, label, x)
+    good, noise, reverse = (
+        evaluate(perfect, label, x),
+        evaluate(rng.uniform(size=1000), label, x),
+        evaluate(-perfect, label, x),
+    )
     assert good["auc_roc"] == 1.0 and good["auc_pr"] == pytest.approx(1.0)
     assert reverse["auc_roc"] == 0.0
-    assert good["vus_pr"] > 0.8 > 0.2 > noise["vus_pr"] > reverse["vus_pr"]
+    assert good["vus_pr"] > 0.8 and 0.2 > noise["vus_pr"] > reverse["vus_pr"]
     assert good["vus_roc"] > 0.9 and "f1" not in good  # no threshold, no alarm metrics
 
 
@@ -105,7 +116,9 @@ def test_a_tsb_ad_file_trains_on_the_prefix_its_name_gives(tmp_path):
 
     frame.loc[45, "Label"] = 2
     frame.to_csv(path, index=False)
-    with pytest.raises(DataValidationError, match=r"column 'Label', row 45 \(line 47\): label 2 is not 0 or 1"):
+    with pytest.raises(
+        DataValidationError, match=r"column 'Label', row 45 \(line 47\): label 2 is not 0 or 1"
+    ):
         datasets.tsb_ad_file(path)
     frame.loc[45, "Label"] = 1
     frame.loc[7, "1"] = np.nan

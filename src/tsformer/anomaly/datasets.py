@@ -134,7 +134,9 @@ def skab(root: str | Path) -> list[LabelledRun]:
     root = Path(root) / "SKAB"
     runs = []
     for folder in SKAB_FOLDERS:
-        files = sorted(_files(root / folder, "*.csv"), key=lambda p: int(p.stem) if p.stem.isdigit() else p.stem)
+        files = sorted(
+            _files(root / folder, "*.csv"), key=lambda p: int(p.stem) if p.stem.isdigit() else p.stem
+        )
         runs += [skab_file(p, f"{folder}/{p.stem}") for p in files]
     return runs
 
@@ -154,7 +156,9 @@ def ucr_file(test: str | Path, train: str | Path) -> LabelledRun:
     whole, prefix = pd.read_csv(test), pd.read_csv(train)
     run = _run(test.stem.removesuffix("_TEST"), test, whole, ["value"], "is_anomaly", len(prefix), 0)
     if not np.array_equal(prefix["value"].to_numpy(float), run.table["value"].to_numpy()[: len(prefix)]):
-        raise DataValidationError(f"error: {train}: its values are not the first {len(prefix)} rows of {test}")
+        raise DataValidationError(
+            f"error: {train}: its values are not the first {len(prefix)} rows of {test}"
+        )
     return run
 
 
@@ -162,7 +166,10 @@ def univariate(root: str | Path) -> list[LabelledRun]:
     """The two single-sensor quick checks in `root`/univariate: TSB-AD-U's NAB file and UCR 135."""
     folder = Path(root) / "univariate"
     nab = [tsb_ad_file(p) for p in _files(folder, "*_NAB_*_tr_*.csv")]
-    ucr = [ucr_file(p, p.with_name(p.name.replace("_TEST", "_TRAIN"))) for p in _files(folder, "*_UCR_*_TEST.csv")]
+    ucr = [
+        ucr_file(p, p.with_name(p.name.replace("_TEST", "_TRAIN")))
+        for p in _files(folder, "*_UCR_*_TEST.csv")
+    ]
     return nab + ucr
 
 
