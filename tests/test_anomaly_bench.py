@@ -38,7 +38,8 @@ def test_the_detector_trains_on_train_rows_only_and_is_scored_beside_the_baselin
 
     def fit_detector(train, val, channels, *, method, seed, **settings):
         calls.append(
-            {"train": train.index, "val": val.index, "channels": channels, "method": method} | settings
+            {"train": train.index, "val": val.index, "channels": channels, "method": method, "seed": seed}
+            | settings
         )
         model = HotellingT2().fit(train[channels].to_numpy())
         return types.SimpleNamespace(score=lambda table: model.score(table[channels].to_numpy()))
