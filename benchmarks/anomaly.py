@@ -66,15 +66,16 @@ ISSUE_SKAB = {"hotelling_t2": 0.827, "random": 0.588}
 TITLE = "# Anomaly detection on MSL, SKAB and two univariate series (benchmarks/anomaly.py)"
 
 
+def with_extra(rows: pd.DataFrame, extra: pd.DataFrame | None) -> pd.DataFrame:
+    """`extra` normal rows (SKAB's anomaly-free run) before a run's own train rows."""
+    return rows if extra is None else pd.concat([extra[rows.columns], rows], ignore_index=True)
+
+
 def split_train(run: datasets.LabelledRun, val_fraction: float, extra: pd.DataFrame | None):
     """(fit rows, validation rows, the run's row where validation starts) of a run's train rows:
-    validation is their last `val_fraction`. `extra` normal rows (SKAB's anomaly-free run) go before
-    the fit rows."""
+    validation is their last `val_fraction`, never extra rows."""
     cut = run.train_end - max(1, round(val_fraction * run.train_end))
-    fit_rows = run.table.iloc[:cut]
-    if extra is not None:
-        fit_rows = pd.concat([extra[run.channels], fit_rows], ignore_index=True)
-    return fit_rows, run.table.iloc[cut : run.train_end], cut
+    return with_extra(run.table.iloc[:cut], extra), run.table.iloc[cut : run.train_end], cut
 
 
 def calibrated(val_scores: np.ndarray, rate: float) -> float:
@@ -130,8 +131,7 @@ def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -
         _, fit_s = timed(method.fit, fit_rows, val_rows)
         calibration = method
     else:  # a baseline: the published protocol on every train row; a second fit for its threshold
-        train = run.train if extra is None else pd.concat([extra[run.channels], run.train], ignore_index=True)
-        _, fit_s = timed(method.fit, train, None)
+        _, fit_s = timed(method.fit, with_extra(run.train, extra), None)
         calibration = make().fit(fit_rows, val_rows)
     result, score_s = timed(method.score, run.table)
     score = np.asarray(result.score, dtype=float)
