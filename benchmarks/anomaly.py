@@ -29,8 +29,8 @@ the sliding window from the scored rows' first channel).
   threshold-free metrics come from its fit on all the train rows; its alarm metrics from this second
   fit. With 80-300 validation rows per file, a rate below about 1/rows means "above the largest
   validation score".)
-- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest, the random score and the detector; T² and
-  PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
+- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest and the random score (seed x 10,000 + the
+  file's index) and the detector (the seed itself); T² and PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
 - Times: fit and score seconds (the whole table, every row) summed over files, mean over seeds, and as
   a ratio to IsolationForest's in the same run.
 
@@ -150,10 +150,13 @@ def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -
     return out | {"fit_s": fit_s, "score_s": score_s}
 
 
-def methods(args, seed: int) -> dict:
-    """name -> a maker of a fresh, unfitted method, for one seed."""
-    names = [b.name for b in baselines(seed)]
-    makers = {name: (lambda i=i: Baseline(baselines(seed)[i])) for i, name in enumerate(names)}
+def methods(args, seed: int, file_index: int) -> dict:
+    """name -> a maker of a fresh, unfitted method, for one seed and file. The baselines' seed is
+    seed x 10,000 + the file's index, so that files do not share one random stream (with one stream,
+    every SKAB run's random score had the same validation rows, hence the same threshold)."""
+    names = [b.name for b in baselines()]
+    file_seed = seed * 10_000 + file_index
+    makers = {name: (lambda i=i: Baseline(baselines(file_seed)[i])) for i, name in enumerate(names)}
     if args.method != "none":
         makers[f"ours ({args.method})"] = lambda: Detector(args.method, seed, args.settings)
     return makers
@@ -164,9 +167,9 @@ def run_dataset(name: str, args) -> pd.DataFrame:
     runs = datasets.DATASETS[name](args.data)[: args.files or None]
     extra = datasets.skab_anomaly_free(args.data) if name == "skab" and args.skab_anomaly_free else None
     rows = []
-    for run in runs:
+    for index, run in enumerate(runs):
         for i, seed in enumerate(args.seeds):
-            for method, make in methods(args, seed).items():
+            for method, make in methods(args, seed, index).items():
                 if i > 0 and method in ("hotelling_t2", "pca_residual"):
                     continue  # no randomness: the first seed's figures stand for every seed
                 rows.append(
