@@ -311,6 +311,11 @@ def main() -> None:
         parser.exit(2, f"error: --data {args.data}: no such folder (see ../shared/data/anomaly/SOURCE.md)\n")
     if not 0 < args.false_alarm_rate < 1 or not 0 < args.val_fraction < 1:
         parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
+    if args.method != "none":
+        try:
+            import tsformer.anomaly.detector  # noqa: F401
+        except ImportError as e:
+            parser.exit(2, f"error: --method {args.method} needs tsformer.anomaly.detector ({e})\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in args.datasets:
         text = report(name, run_dataset(name, args), args, stamp)
