@@ -214,7 +214,6 @@ def per_file(rows: pd.DataFrame, published: pd.DataFrame | None) -> list[str]:
     table = rows.groupby(["file", "method"])["vus_pr"].mean().unstack("method")
     order = rows.groupby("method")["vus_pr"].mean().sort_values(ascending=False).index
     table = table[list(order)]
-    shown = []
     if published is not None:
         shown = [c for c in PUBLISHED_SHOWN if c in published.columns]
         table = table.join(published[shown].rename(columns=lambda c: f"{c} (published)"))
