@@ -1,0 +1,1 @@
+"""Anomaly detection: scores from trained models, calibrated alarms, events and their evaluation."""
