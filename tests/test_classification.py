@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from tsformer import predict
-from tsformer.classification_outputs import write_outputs
+from tsformer.jobs.classification import write_outputs
 from tsformer.classifier import Classifier, is_classifier_folder, save_classifier_folder
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch

@@ -122,9 +122,11 @@ def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
     assert out_dirs[0].parent == out_dirs[1].parent and out_dirs[0].name[:8] == out_dirs[1].name[:8]
     assert out_dirs[0] != out_dirs[1]
     assert sorted(p.name for p in (folder / "outputs").glob("*/*")) == sorted(d.name for d in out_dirs)
-    # <family>-<data file stem>-<start time>-<the folder's tag>: two names, each naming its folder
+    # <job>-<family>-<data file stem>-<start time>-<the folder's tag>: two names, each naming its folder
     names = {r.info.run_name for r in runs}
-    assert len(names) == 2 and all(re.fullmatch(r"enc_dec-plant-\d{6}-[0-9a-f]{6}", n) for n in names), names
+    assert len(names) == 2 and all(
+        re.fullmatch(r"forecasting-enc_dec-plant-\d{6}-[0-9a-f]{6}", n) for n in names
+    ), names
     assert {n[-6:] for n in names} == {d.name[-6:] for d in out_dirs}
 
     forecasts = {}

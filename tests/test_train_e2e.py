@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from tsformer.callbacks import WINDOW_MSE
+from tsformer.jobs.forecasting import WINDOW_MSE
 from tsformer.train import compose_config
 
 # every test here trains through train.py (or reads a module fixture that does)
@@ -55,8 +55,10 @@ def test_train_py_end_to_end(family, in_tmp):
     (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
-    assert re.fullmatch(rf"{family}-plant-\d{{6}}-[0-9a-f]{{6}}", run.info.run_name), run.info.run_name
+    job = "reconstruction" if family == "enc_only" else "forecasting"
+    assert re.fullmatch(rf"{job}-{family}-plant-\d{{6}}-[0-9a-f]{{6}}", run.info.run_name), run.info.run_name
     assert run.data.tags["family"] == family and run.data.tags["dataset"] == "plant"
+    assert run.data.tags["job"] == job
     assert run.data.tags["git_commit"]
     assert run.data.params["model/net/d_model"] == "16"
     for name in METRICS:

@@ -18,7 +18,6 @@ Output columns: `series_id`, [`window_end_time`], `y_true` (the table's label, e
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -37,11 +36,11 @@ from tsformer.forecaster import (
     CONFIG_FILE,
     RESTORE,
     WEIGHTS_FILE,
-    Forecaster,
     ModelFolderError,
     ModelInfo,
     _load_weights,
     _plain,
+    task_class_of,
 )
 
 log = logging.getLogger(__name__)
@@ -212,27 +211,14 @@ class Classifier:
             )
 
 
-def load_model(folder: str | Path) -> Forecaster | Classifier:
-    """The model of a model folder, by the task its `tsformer.json` names: predict.py and the pyfunc
-    model take either, through the same `predict(table, origin=, source=, time_format=)`."""
-    if is_classifier_folder(folder):
-        return Classifier.load(folder)
-    return Forecaster.load(folder)
-
-
 def _build_classifier(task_class_name, hparams, path: Path):
     """The (untrained) classification task `tsformer.json` names, from its hparams."""
     from tsformer.tasks.classification import ClassificationTask
     from tsformer.tasks.pretraining import MaskedPretraining
 
-    module, _, name = str(task_class_name).rpartition(".")
-    task_class = None
-    if module.startswith("tsformer."):
-        try:
-            task_class = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            pass
-    if not (isinstance(task_class, type) and issubclass(task_class, (ClassificationTask, MaskedPretraining))):
+    name = str(task_class_name).rpartition(".")[2]
+    task_class = task_class_of(task_class_name)
+    if not (task_class is not None and issubclass(task_class, (ClassificationTask, MaskedPretraining))):
         raise ModelFolderError(f"{path}: task_class {task_class_name!r} is no classifier of this tsformer")
     try:
         return task_class(**hparams)

@@ -278,16 +278,24 @@ def _hint_name(hint) -> str:
     return getattr(hint, "__name__", str(hint)) if not typing.get_args(hint) else str(hint)
 
 
+def task_class_of(task_class_name) -> type | None:
+    """The class `module.qualname` names when it is a class of the tsformer package (no other module
+    is imported: a model folder never runs code); None otherwise."""
+    module, _, name = str(task_class_name).rpartition(".")
+    if not module.startswith("tsformer."):
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return found if isinstance(found, type) else None
+
+
 def _build_task(task_class_name: str, hparams: dict, path: Path) -> WindowTask:
     """The (untrained) task `tsformer.json` names, built from its hparams, which must fit its constructor."""
-    module, _, name = task_class_name.rpartition(".")
-    task_class = None
-    if module.startswith("tsformer."):
-        try:
-            task_class = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            pass
-    if not (isinstance(task_class, type) and issubclass(task_class, WindowTask)):
+    name = str(task_class_name).rpartition(".")[2]
+    task_class = task_class_of(task_class_name)
+    if not (task_class is not None and issubclass(task_class, WindowTask)):
         raise ModelFolderError(
             f"{path}: task_class {task_class_name!r} is not a task of this tsformer (such as "
             f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
@@ -489,10 +497,10 @@ class Forecaster:
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
         for sid, rows in _series_positions(clean, c).items():
             self._check_frequency(clean, sid, rows, source)
-            if c.horizon > 0:
-                windows.append(self._forecast_window(clean, sid, rows, origin, source))
-            else:
+            if self.task.reconstructs:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
+            else:
+                windows.append(self._forecast_window(clean, sid, rows, origin, source))
         batch, times = self._batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
@@ -511,7 +519,9 @@ class Forecaster:
     def _validate(self, table: pd.DataFrame, source: str, time_format: str | None) -> pd.DataFrame:
         """The table checked as in training (columns without a role are ignored, as there)."""
         c = self.contract
-        if c.horizon == 0:  # reconstruction rebuilds what is not measured: the targets may be left out
+        if (
+            self.task.reconstructs
+        ):  # reconstruction rebuilds what is not measured: the targets may be left out
             stripped = {str(col).strip() for col in table.columns}
             table = table.assign(**{col: np.nan for col in c.target_cols if col.strip() not in stripped})
         schema = replace(c.schema, time_format=time_format)
@@ -677,7 +687,7 @@ class Forecaster:
         windows give each row once, from the window that reached it first."""
         c = self.contract
         keep = np.ones((len(windows), T), dtype=bool)
-        if c.horizon == 0:
+        if self.task.reconstructs:
             target_rows = np.array([w[1] for w in windows])[:, None] + np.arange(T)  # (W, T)
             keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(len(windows), T)
         return keep

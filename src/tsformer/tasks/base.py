@@ -89,8 +89,7 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
 
 
 class WindowTask(L.LightningModule):
-    family = "base"  # the name used for runs and tags
-    use = ("forecast new data", "--output forecasts.csv")  # the summary's predict.py line: what, options
+    family = "base"  # the network's family, for runs and tags (what the run does: its job, `tsformer.jobs`)
     learns_around_missing_targets = False  # trains on empty target cells (data.allow_empty_targets)
 
     def __init__(
@@ -220,6 +219,12 @@ class WindowTask(L.LightningModule):
         raise NotImplementedError
 
     # -- what every family shares -----------------------------------------------------------------
+
+    @property
+    def reconstructs(self) -> bool:
+        """Whether the task rebuilds its window's own rows (horizon 0: reconstruction, masked fill-in)
+        rather than forecasting the rows after them."""
+        return self.hparams.horizon == 0
 
     def forecast(self, batch: dict) -> torch.Tensor:
         """Prediction `(B, T_out, Dy)` of a batch as it comes from the data, in the data's scaled
@@ -427,7 +432,7 @@ class WindowTask(L.LightningModule):
         fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame)
         if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
-            self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.hparams.horizon == 0)
+            self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.reconstructs)
             # the model's own spread, on the same windows
             self.calibrate_spread(dm.val_dataloader(), dm.target_times("val"))
             self._test_times = (dm.window_info("test")["origin_time"].to_numpy(), dm.target_times("test"))

@@ -50,7 +50,6 @@ class LinearInterpolation:
 
 class MaskedFillIn(WindowTask):
     family = "enc_only"
-    use = ("fill in missing values", "--impute --output filled.csv")
     learns_around_missing_targets = True  # an empty cell is hidden from the network and never scored
 
     def __init__(

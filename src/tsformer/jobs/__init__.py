@@ -1,0 +1,81 @@
+"""The application's jobs: what a run does after its task is built, and what predict.py does with
+the model folder it wrote. `JOBS` is the one place that maps a run or a model folder to its job.
+
+A job (`base.Job`) is a module holding
+- `takes_data(datamodule)` and `task_sizes(datamodule)`: the data it runs on and what the task's
+  constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
+- `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
+  folder always; a CSV, an example table for the pyfunc model where it has them);
+- `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and figures in the MLflow run
+  (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
+- `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
+  summary (`base.print_summary` writes the rest);
+- `load(folder)` and `predict(model, table, args)`: predict.py's use of the model folder
+  (`predict_flag`: the option that asks for it, where a job needs one).
+Its `tasks` say which task classes it runs; the MLflow run is named and tagged (`job`) after `name`.
+
+Adding a job: its module here with a `JOB`, one line in `JOBS` below, its task (tasks/), its configs
+(conf/model/...) and tests; `tests/test_jobs.py` runs every registered job end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tsformer.jobs import classification, forecasting, imputation, pretraining, reconstruction
+from tsformer.jobs.base import Job, RunOutputs, print_summary
+
+JOBS: dict[str, Job] = {
+    job.name: job
+    for job in (
+        forecasting.JOB,
+        reconstruction.JOB,
+        imputation.JOB,
+        classification.JOB,
+        pretraining.JOB,
+    )
+}
+
+__all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]
+
+
+def job_of_task(task_class: type) -> Job | None:
+    """The job that runs `task_class` (the nearest registered base class decides); None: no job's."""
+    by_class = {cls: job for job in JOBS.values() for cls in job.tasks}
+    return next((by_class[cls] for cls in task_class.__mro__ if cls in by_class), None)
+
+
+def job_of_folder(folder: str | Path) -> Job:
+    """The job of the model in `folder`, by the task class its `tsformer.json` names (imported only
+    from the tsformer package: a model folder never runs code)."""
+    from tsformer.forecaster import CONFIG_FILE, RESTORE, ModelFolderError, task_class_of
+
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing (a training run writes "
+            "one to <run output folder>/model and logs it to MLflow)"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ModelFolderError(f"{path}: not readable as JSON ({err}): {RESTORE}") from err
+    name = config.get("task_class") if isinstance(config, dict) else None
+    if not isinstance(name, str):
+        raise ModelFolderError(
+            f"{path}: the file is not an object with a key task_class (a string): {RESTORE}"
+        )
+    task_class = task_class_of(name)
+    job = job_of_task(task_class) if task_class is not None else None
+    if job is None:
+        raise ModelFolderError(
+            f"{path}: task_class {name!r} is not a task of this tsformer (such as "
+            f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
+        )
+    return job
+
+
+def load_model(folder: str | Path):
+    """The inference object of the model folder (a `Forecaster`, a `Classifier`), checked."""
+    return job_of_folder(folder).load(Path(folder))
