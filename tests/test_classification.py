@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from tsformer import predict
-from tsformer.jobs.classification import write_outputs
 from tsformer.classifier import Classifier, is_classifier_folder, save_classifier_folder
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.forecaster import ModelInfo
+from tsformer.jobs.classification import write_outputs
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask, summary_features
 from tsformer.train import build_task, compose_config

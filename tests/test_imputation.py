@@ -151,8 +151,8 @@ def trained(tmp_path_factory):
 def test_predict_impute_end_to_end(trained, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from tsformer.jobs.forecasting import WINDOW_MSE
     from tsformer.data import simulate_plant
+    from tsformer.jobs.forecasting import WINDOW_MSE
 
     result, folder, summary = trained
     assert {"test/mse", "test/baseline_mse", "test/mae_orig"} <= set(result.metrics)

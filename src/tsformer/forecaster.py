@@ -685,7 +685,6 @@ class Forecaster:
     def _kept(self, windows, T: int) -> np.ndarray:
         """`(W, T)` bool: the (window, step) cells written out. Reconstruction's overlapping tail
         windows give each row once, from the window that reached it first."""
-        c = self.contract
         keep = np.ones((len(windows), T), dtype=bool)
         if self.task.reconstructs:
             target_rows = np.array([w[1] for w in windows])[:, None] + np.arange(T)  # (W, T)
