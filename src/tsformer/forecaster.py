@@ -52,6 +52,7 @@ from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
 from tsformer.export import COLUMNS, _write_atomically, with_quantile_columns
 from tsformer.tasks.base import WindowTask
+from tsformer.tasks.optimisation import task_settings
 
 log = logging.getLogger(__name__)
 
@@ -300,10 +301,9 @@ def _build_task(task_class_name: str, hparams: dict, path: Path) -> WindowTask:
             f"{path}: task_class {task_class_name!r} is not a task of this tsformer (such as "
             f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
         )
-    parameters = inspect.signature(task_class).parameters
+    parameters = task_settings(task_class)
     required = {name for name, p in parameters.items() if p.default is inspect.Parameter.empty}
-    hints = {name: typing.Any for name in parameters} | typing.get_type_hints(task_class.__init__)
-    hints.pop("return", None)
+    hints = {name: p.annotation for name, p in parameters.items()}
     _check_keys(hparams, hints, required, "hparams", path)
     try:
         return task_class(**hparams)

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
             job = job_of_folder(folder)
-            model = job.load(folder)  # what predict.py forecasts, classifies or fills in with
+            model = job.load(folder)  # the inference object the job predicts with
         _check_flags(job, args)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
         table = load_table(args.data, **{**model.contract.csv, **flags})

@@ -143,11 +143,6 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
         **sizes,
         **extra,
     )
-    if getattr(datamodule, "allow_empty_targets", False) and not task.learns_around_missing_targets:
-        raise SettingError(
-            f"data.allow_empty_targets=true: {type(task).__name__} would learn from empty target cells; only "
-            "model=enc_only_masked trains on them (fill the table with it first: predict.py --impute)"
-        )
     job.prepare_task(task, datamodule)
     return task
 
@@ -172,7 +167,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, source)
     if source is not None:
-        features = getattr(datamodule, "features", None)  # classification data has no static embeddings
+        features = getattr(datamodule, "features", None)  # data without static embeddings has none
         vocabularies = features.static_vocabularies if features is not None else None
         loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
         if cfg.get("init_from_freeze"):
@@ -222,8 +217,8 @@ def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None 
         init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
-    head = getattr(task, "head", None)  # classification has no forecast head
-    if cfg.get("paths_file") and not (head is not None and head.probabilistic and task.autoregressive):
+    if cfg.get("paths_file") and not getattr(task, "samples_paths", False):
+        head = getattr(task, "head", None)
         raise SettingError(
             f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
             f"student_t or quantile) sample paths; this run is {task.family} with "
@@ -280,8 +275,8 @@ def _refuse_used_output_folder(cfg: DictConfig) -> None:
 
 def _run_name(job: str, family: str, dataset: str) -> str:
     """`<job>-<family>-<data file stem>-<HHMMSS>-<run tag>`: short, as MLflow's list cuts long names (a
-    CSV's data set name is its path); the job tells apart runs of one network family (reconstruction
-    and masked fill-in are both enc_only); the start time and the tag of the run folder
+    CSV's data set name is its path); the job tells apart runs of one network family (two jobs
+    may share one); the start time and the tag of the run folder
     (`settings.run_tag`) tell apart runs started together."""
     return f"{job}-{family}-{Path(dataset).stem}-{time.strftime('%H%M%S')}-{settings.run_tag()}"
 

@@ -28,6 +28,7 @@ from tsformer.export import (
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.jobs.base import Job, RunOutputs, metric_table, predict_usage
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.settings import SettingError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
@@ -52,7 +53,13 @@ def task_sizes(datamodule) -> dict:
 
 
 def prepare_task(task, datamodule) -> None:
-    """The target scaling of the metrics in original units."""
+    """The target scaling of the metrics in original units; a task that would learn from empty target
+    cells is refused."""
+    if datamodule.allow_empty_targets and not task.learns_around_missing_targets:
+        raise SettingError(
+            f"data.allow_empty_targets=true: {type(task).__name__} would learn from empty target cells; only "
+            "model=enc_only_masked trains on them (fill the table with it first: predict.py --impute)"
+        )
     task.set_target_scaling(datamodule.features.target_scaler)
 
 

@@ -43,7 +43,7 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassF1Score
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.optimisation import Optimisation, Optimised
 
 METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece")
 ECE_BINS = 15
@@ -123,7 +123,7 @@ class SummaryLogistic:
         return proba
 
 
-class ClassificationTask(L.LightningModule):
+class ClassificationTask(Optimised, L.LightningModule):
     """`model=enc_only_classifier` (see the module docstring)."""
 
     family = "enc_only_classifier"
@@ -138,13 +138,6 @@ class ClassificationTask(L.LightningModule):
         label_smoothing: float = 0.0,
         class_weights: str | list[float] | None = None,
         class_counts: list[int] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
         revin: bool = False,
         revin_affine: bool = False,
         channel_independent: bool = False,
@@ -154,9 +147,11 @@ class ClassificationTask(L.LightningModule):
         head: dict | None = None,
         static_embedding_dim: int = 4,  # shared setting of _common.yaml; sequences have no static columns
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
+        **optimisation,  # model.lr, model.lr_schedule, ...: `Optimisation`
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
+        self.optimisation = Optimisation.of(optimisation, type(self).__name__)
         if loss != "cross_entropy":
             raise ValueError(f"loss={loss!r}: classification trains with cross_entropy")
         if (head or {}).get("kind", "point") != "point":
@@ -281,7 +276,3 @@ class ClassificationTask(L.LightningModule):
             self.test_outputs[baseline.name] = p
             for name, value in score(p, true, len(self.classes)).items():
                 self.log(f"test/{baseline.name}_{name}", value)
-
-    # the optimizer and the two learning-rate schedules of the forecasting tasks (model.lr_schedule):
-    # WindowTask's method reads only hparams, parameters and the trainer, which this task has too
-    configure_optimizers = WindowTask.configure_optimizers

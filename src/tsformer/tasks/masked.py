@@ -54,45 +54,17 @@ class MaskedFillIn(WindowTask):
 
     def __init__(
         self,
-        net: dict,
-        d_target: int,
-        d_known: int,
-        d_observed: int,
-        context_len: int,
-        horizon: int,
-        target_names: list[str] | None = None,
-        loss: str = "mse",
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
-        baselines: list | None = None,
-        d_static_num: int = 0,
-        static_vocab_sizes: list[int] | None = None,
-        static_embedding_dim: int = 4,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
-        head: dict | None = None,
+        *args,
         mask_kind: str = "geometric",
         mask_ratio: float = 0.15,
         mask_mean_length: float = 3.0,
         eval_mask_seed: int = 0,
         window_norm: bool = True,
         interpolate_hidden: bool = False,
+        **kwargs,  # `WindowTask`'s
     ):
         self.mask = MaskConfig(mask_kind, float(mask_ratio), float(mask_mean_length))
-        super().__init__(
-            net, d_target, d_known, d_observed, context_len, horizon, target_names, loss, lr, weight_decay,
-            warmup_steps, min_lr_ratio, lr_schedule, lr_hold_epochs, lr_decay, baselines, d_static_num,
-            static_vocab_sizes, static_embedding_dim, revin, revin_affine, channel_independent, patch_len,
-            patch_stride, head,
-        )  # fmt: skip
+        super().__init__(*args, **kwargs)
         if self.head.probabilistic:
             raise ValueError(f"masked fill-in takes the point head (head=point), not head={self.head.kind}")
         # scored on single values, not whole steps: no per-variable metric of whole rows

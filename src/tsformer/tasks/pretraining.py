@@ -32,15 +32,17 @@ from torchmetrics import MeanMetric
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, interpolate
 from tsformer.nn.patching import Patching, token_features
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, LinearInterpolation
+from tsformer.tasks.optimisation import OPTIMISATION, Optimisation, Optimised, task_settings
 
 INPUT_LAYOUT = "channels"  # the classifier's: the D scaled channels of each step (init_from reads it)
 
 
-class MaskedPretraining(L.LightningModule):
+class MaskedPretraining(Optimised, L.LightningModule):
     """`pretrain=masked` on classification data (see the module docstring)."""
 
+    takes_settings_of = ClassificationTask  # one model config serves both
     family = "enc_only_pretrain"
     input_layout = INPUT_LAYOUT
 
@@ -48,35 +50,26 @@ class MaskedPretraining(L.LightningModule):
         self,
         net: dict,
         d_in: int,
-        classes: list[str] | None = None,
-        class_counts: list[int] | None = None,
-        pooling: str = "cls",
-        label_smoothing: float = 0.0,
-        class_weights: str | list[float] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
-        loss: str = "mse",
-        head: dict | None = None,
-        static_embedding_dim: int = 4,
-        monitor: str = "val/loss",
         mask_kind: str = "geometric",
         mask_ratio: float = 0.15,
         mask_mean_length: float = 3.0,
         eval_mask_seed: int = 0,
         interpolate_hidden: bool = False,
+        revin: bool = False,
+        revin_affine: bool = False,
+        channel_independent: bool = False,
+        patch_len: int | None = None,
+        patch_stride: int | None = None,
+        monitor: str = "val/loss",
+        **settings,  # the optimisation's (`Optimisation`), and the classifier's, taken and unused
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
+        optimisation = {k: v for k, v in settings.items() if k in OPTIMISATION}
+        unknown = sorted(set(settings) - set(optimisation) - set(task_settings(self.takes_settings_of)))
+        if unknown:
+            raise ValueError(f"model.{unknown[0]}: not a setting of {type(self).__name__}")
+        self.optimisation = Optimisation(**optimisation)
         if revin_affine or channel_independent:
             raise ValueError(
                 "masked pre-training takes neither model.revin_affine (the classifier's own learned scale) "
@@ -200,6 +193,3 @@ class MaskedPretraining(L.LightningModule):
         for name, metric in self.test_metrics.items():
             self.log(f"test/{name}", metric.compute())
             metric.reset()
-
-    # the optimizer and learning-rate schedules of every task (model.lr_schedule)
-    configure_optimizers = WindowTask.configure_optimizers
