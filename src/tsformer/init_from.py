@@ -41,7 +41,7 @@ from hydra.utils import get_class
 
 from tsformer import tracking
 from tsformer.data.features import FeaturePipeline
-from tsformer.forecaster import state_mismatch
+from tsformer.model_folder import state_mismatch
 from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from pathlib import Path
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
 from tsformer.jobs import JOBS, job_of_folder
+from tsformer.model_folder import CONFIG_FILE
 from tsformer.tracking import TrackingServerUnreachable
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
 
 
 def find_model_folder(folder: Path) -> Path:
-    from tsformer.forecaster import CONFIG_FILE
-
     for place in MODEL_FOLDER_PLACES:
         if (folder / place / CONFIG_FILE).is_file():
             return folder / place

@@ -20,7 +20,6 @@ Adding a job: its module here with a `JOB`, one line in `JOBS` below, its task (
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tsformer.jobs import classification, forecasting, imputation, pretraining, reconstruction
@@ -49,23 +48,12 @@ def job_of_task(task_class: type) -> Job | None:
 def job_of_folder(folder: str | Path) -> Job:
     """The job of the model in `folder`, by the task class its `tsformer.json` names (imported only
     from the tsformer package: a model folder never runs code)."""
-    from tsformer.forecaster import CONFIG_FILE, RESTORE, ModelFolderError, task_class_of
+    from tsformer.model_folder import RESTORE, ModelFolderError, read_config, task_class_of
 
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing (a training run writes "
-            "one to <run output folder>/model and logs it to MLflow)"
-        )
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ModelFolderError(f"{path}: not readable as JSON ({err}): {RESTORE}") from err
-    name = config.get("task_class") if isinstance(config, dict) else None
-    if not isinstance(name, str):
-        raise ModelFolderError(
-            f"{path}: the file is not an object with a key task_class (a string): {RESTORE}"
-        )
+    config, path = read_config(folder)
+    if "task_class" not in config:
+        raise ModelFolderError(f"{path}: key(s) ['task_class'] missing: {RESTORE}")
+    name = config["task_class"]
     task_class = task_class_of(name)
     job = job_of_task(task_class) if task_class is not None else None
     if job is None:
