@@ -44,7 +44,7 @@ from tsformer import init_from, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
-from tsformer.jobs import JOBS, Job, job_of_task, print_summary
+from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
 from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class RunResult:
     csv_path: Path | None  # the forecasts CSV; None: forecasts_file=null
     forecasts: pd.DataFrame | None  # the CSV's rows (original units)
     paths_path: Path | None = None  # sampled paths (Parquet), with paths_file
+    outputs: RunOutputs | None = None  # all the job wrote (the example table its model folder predicted)
 
 
 def _instantiate_settings(node: DictConfig, **kwargs):
@@ -195,6 +196,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         csv_path=outputs.csv_path,
         forecasts=outputs.forecasts,
         paths_path=outputs.paths_path,
+        outputs=outputs,
     )
 
 

@@ -4,6 +4,7 @@ every run prints (`print_summary`). See `tsformer.jobs` for the registry and how
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,7 @@ class Job:
 
 def predict_usage(what: str, *options: str) -> Callable[[str], str]:
     """`usage` of a job that predict.py runs on a table: '<what>: <the predict.py command>'."""
-    return lambda ref: f"{what}: {command_line('predict', ref, '<table.csv>', *options)}"
+    return lambda ref: f"{what}: {command_line('predict', shlex.quote(ref), '<table.csv>', *options)}"
 
 
 RULE = "=" * 72

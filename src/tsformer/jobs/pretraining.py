@@ -9,6 +9,7 @@ and a bare run id find it as they find any run's model.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -55,7 +56,7 @@ def fine_tune_command(ref: str) -> str:
     except ValueError:  # not started by Hydra (a script composing its config)
         overrides = ["experiment=<the same experiment>", "seed=<the same seed>"]
     kept = [o for o in overrides if not o.lstrip("+~").startswith((*PRETRAINING_ONLY, "init_from="))]
-    return command_line("train", *kept, f"init_from={ref}")
+    return command_line("train", *kept, shlex.quote(f"init_from={ref}"))
 
 
 def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:
