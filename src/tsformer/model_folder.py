@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from tsformer.export import _write_atomically
-from tsformer.tasks.optimisation import task_settings
+from tsformer.tasks.setting_groups import task_settings
 
 CONFIG_FILE = "tsformer.json"
 WEIGHTS_FILE = "weights.pt"

@@ -142,7 +142,7 @@ def _check_model(model: DictConfig) -> None:
     values ones that work (`tasks.optimisation`)."""
     from hydra.utils import get_class
 
-    from tsformer.tasks.optimisation import check_task_settings
+    from tsformer.tasks.setting_groups import check_task_settings
 
     try:
         task_class = get_class(str(model.get("_target_")))

@@ -57,6 +57,7 @@ from tsformer.tasks.probabilistic import (
     scores,
     spread_needed,
 )
+from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 from tsformer.tasks.static import StaticCovariates
 
 PROB_METRICS = ("crps", "pinball", "coverage_80", "width_80", "crps_orig", "width_80_orig")
@@ -71,7 +72,8 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
     )
 
 
-class WindowTask(Optimised, L.LightningModule):
+class WindowTask(TakesSettings, Optimised, L.LightningModule):
+    setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
     family = "base"  # the network's family, for runs and tags (what the run does: its job, `tsformer.jobs`)
     learns_around_missing_targets = False  # trains on empty target cells (data.allow_empty_targets)
 
@@ -89,25 +91,23 @@ class WindowTask(Optimised, L.LightningModule):
         d_static_num: int = 0,
         static_vocab_sizes: list[int] | None = None,
         static_embedding_dim: int = 4,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
         head: dict | None = None,
-        **optimisation,  # model.lr, model.lr_schedule, ...: `Optimisation`
+        **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
         self.save_hyperparameters(logger=False, ignore=["baselines"])
-        self.optimisation = Optimisation.of(optimisation, type(self).__name__)
+        self.take_settings(settings)
         self._check_options()
         self.head = build_head(head, loss)  # model.head (None: the point head with model.loss)
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
         # static covariates enter as extra known channels of every step (see static.py)
         self.static = StaticCovariates(d_static_num, static_vocab_sizes or [], static_embedding_dim)
         self.d_known_in = d_known + self.static.width  # known channels the network reads
-        self.options = ModelOptions(d_target, revin, revin_affine, channel_independent)
+        options = self.input_options
+        self.options = ModelOptions(
+            d_target, options.revin, options.revin_affine, options.channel_independent
+        )
         self.d_target_net = self.options.d_target_net  # target channels the network reads: 1 with CI
         self.net = self.build_net(dict(net))
         # original = scaled * scale + offset per target variable (`set_target_scaling`); NaN until set,
@@ -349,8 +349,6 @@ class WindowTask(Optimised, L.LightningModule):
                     f"model.{option} is not an option of the {self.family} family (it takes {takes}); "
                     "see the table of model options in the README"
                 )
-        if hp.patch_stride is not None and hp.patch_len is None:
-            raise ValueError(f"model.patch_stride={hp.patch_stride} needs model.patch_len")
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]

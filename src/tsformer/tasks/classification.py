@@ -44,6 +44,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibratio
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.tasks.optimisation import Optimisation, Optimised
+from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 
 METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece")
 ECE_BINS = 15
@@ -123,11 +124,12 @@ class SummaryLogistic:
         return proba
 
 
-class ClassificationTask(Optimised, L.LightningModule):
+class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
     """`model=enc_only_classifier` (see the module docstring)."""
 
     family = "enc_only_classifier"
     input_layout = "channels"  # the scaled channels of each step: masked pre-training reads the same
+    setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
 
     def __init__(
         self,
@@ -138,28 +140,22 @@ class ClassificationTask(Optimised, L.LightningModule):
         label_smoothing: float = 0.0,
         class_weights: str | list[float] | None = None,
         class_counts: list[int] | None = None,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
         loss: str = "cross_entropy",
         head: dict | None = None,
         static_embedding_dim: int = 4,  # shared setting of _common.yaml; sequences have no static columns
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
-        **optimisation,  # model.lr, model.lr_schedule, ...: `Optimisation`
+        **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
-        self.optimisation = Optimisation.of(optimisation, type(self).__name__)
+        self.take_settings(settings)
+        options = self.input_options
         if loss != "cross_entropy":
             raise ValueError(f"loss={loss!r}: classification trains with cross_entropy")
         if (head or {}).get("kind", "point") != "point":
             raise ValueError(f"head={head['kind']}: distribution heads are for forecasts; a class needs none")
-        if channel_independent:
+        if options.channel_independent:
             raise ValueError("channel_independent=true: one label per sample has no channel series to split")
-        if revin_affine and not revin:
-            raise ValueError("model.revin_affine=true needs model.revin=true")
         if monitor != "val/loss":
             raise ValueError(f"monitor={monitor!r}: a classifier is checkpointed on val/loss (the log loss)")
         if not 0.0 <= label_smoothing < 1.0:
@@ -168,10 +164,10 @@ class ClassificationTask(Optimised, L.LightningModule):
         n_classes = len(self.classes)
         config = EncoderOnlyConfig(
             **net, d_in=d_in, head="classification", n_classes=n_classes, pooling=pooling,
-            patch_len=patch_len, patch_stride=patch_stride,
+            patch_len=options.patch_len, patch_stride=options.patch_stride,
         )  # fmt: skip
         self.net = EncoderOnly(config)
-        self.affine = nn.Parameter(torch.zeros(2, d_in)) if revin_affine else None  # log-scale, shift
+        self.affine = nn.Parameter(torch.zeros(2, d_in)) if options.revin_affine else None  # log-scale, shift
         self.register_buffer("weight", self._class_weights(class_weights, class_counts, n_classes))
         self.val_loss = MeanMetric()
         self.val_accuracy = MulticlassAccuracy(n_classes, average="micro")

@@ -1,18 +1,11 @@
-"""The optimiser and learning-rate schedule settings of every task, declared and checked once.
-
-Each task's constructor takes them as keywords (`**optimisation`, the config's `model.lr`, ...) and
-hands them to `Optimisation.of`, which refuses an unknown one; `Optimised.configure_optimizers` builds
-AdamW and the schedule from them. `check_task_settings` checks a whole `model` config against its
-task class before anything is built (`settings.check`): an unknown setting or a bad value is one
-`model.<key>: ...` line.
+"""The optimiser and learning-rate schedule settings of every task, declared and checked once: a
+setting group (`tasks/setting_groups.py`) every task takes; `Optimised.configure_optimizers` builds
+AdamW and the schedule from them. A bad value is one `model.<key>: ...` line.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import math
-import typing
 from dataclasses import dataclass
 from numbers import Real
 
@@ -81,14 +74,6 @@ class Optimisation:
             if not fine:
                 yield f"model.{key}: {getattr(self, key)!r} {why}"
 
-    @classmethod
-    def of(cls, settings: dict, task: str) -> Optimisation:
-        """The settings a task's constructor got as keywords beyond its own; any other is refused."""
-        unknown = [k for k in settings if k not in OPTIMISATION]
-        if unknown:
-            raise ValueError(f"model.{unknown[0]}: not a setting of {task}")
-        return cls(**settings)
-
     def configure(self, module: torch.nn.Module, trainer) -> dict:
         """Lightning's `configure_optimizers` result: AdamW and the schedule, stepped per step or epoch."""
         optimizer = torch.optim.AdamW(module.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -104,9 +89,6 @@ class Optimisation:
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}
 
 
-OPTIMISATION = tuple(f.name for f in dataclasses.fields(Optimisation))  # the settings' names
-
-
 class Optimised:
     """A task trained with its `self.optimisation` (an `Optimisation`, set by its constructor)."""
 
@@ -114,43 +96,3 @@ class Optimised:
 
     def configure_optimizers(self):
         return self.optimisation.configure(self, self.trainer)
-
-
-def task_settings(task_class: type) -> dict[str, inspect.Parameter]:
-    """Every keyword `task_class` takes, with its type as `annotation`: its constructors' named
-    parameters along the class hierarchy (a constructor with `**` hands the rest to its parent's), and
-    the `Optimisation` settings."""
-    found: dict[str, inspect.Parameter] = {}
-    for cls in task_class.__mro__:
-        init = cls.__dict__.get("__init__")
-        if init is None or not cls.__module__.startswith("tsformer."):
-            continue
-        parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
-        hints = typing.get_type_hints(init)
-        for p in parameters:
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                found.setdefault(p.name, p.replace(annotation=hints.get(p.name, typing.Any)))
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    if issubclass(task_class, Optimised):
-        hints = typing.get_type_hints(Optimisation)
-        for f in dataclasses.fields(Optimisation):
-            kind, hint = inspect.Parameter.KEYWORD_ONLY, hints[f.name]
-            found.setdefault(f.name, inspect.Parameter(f.name, kind, default=f.default, annotation=hint))
-    other = getattr(task_class, "takes_settings_of", None)  # settings taken for another task's sake
-    return found if other is None else {**task_settings(other), **found}
-
-
-def check_task_settings(task_class: type, settings: dict) -> str | None:
-    """The first problem of the `model` config `settings` for `task_class` (None: none): a setting it
-    does not take, or an optimisation setting that cannot work."""
-    known = task_settings(task_class)
-    unknown = [k for k in settings if not k.startswith("_") and k not in known]
-    if unknown:
-        return f"model.{unknown[0]}: not a setting of {task_class.__name__} (it takes {', '.join(sorted(known))})"
-    given = {k: v for k, v in settings.items() if k in OPTIMISATION}
-    try:
-        Optimisation(**given)
-    except ValueError as err:
-        return str(err)
-    return None
