@@ -13,6 +13,8 @@ A job (`base.Job`) is a module holding
 - `load(folder)` and `predict(model, table, args)`: predict.py's use of the model folder
   (`predict_flag`: the option that asks for it, where a job needs one).
 Its `tasks` say which task classes it runs; the MLflow run is named and tagged (`job`) after `name`.
+`base.job_of_module(__name__, name=..., tasks=..., data=..., usage=...)` makes the `JOB` of a module
+that defines those functions; `dataclasses.replace` one from another job's (reconstruction, imputation).
 
 Adding a job: its module here with a `JOB`, one line in `JOBS` below, its task (tasks/), its configs
 (conf/model/...) and tests; `tests/test_jobs.py` runs every registered job end to end.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,8 @@ class Job:
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
     takes from the data), `prepare_task` (after it is built), `write_outputs` (after the test),
     `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py
-    calls `load` and `predict`. The fields are plain functions, so that a job is a module with a `JOB`.
+    calls `load` and `predict`. The fields are plain functions, so that a job is a module with a `JOB`
+    (`job_of_module`: the module's functions of these names).
     """
 
     name: str  # the run name's first word and the MLflow tag `job`
@@ -62,6 +64,18 @@ class Job:
     # the predict.py option that asks for this job's use, and its help; predict.py refuses it for another
     # job's model, and refuses this job's model without it
     predict_flag: tuple[str, str] | None = None
+
+
+# the fields of `Job` a job module defines as functions of these names (`Job.of_module`)
+FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
+FUNCTIONS += ("load", "predict")
+
+
+def job_of_module(module_name: str, **fields) -> Job:
+    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `prepare_task` may
+    be left out), with the other `fields` given."""
+    module = sys.modules[module_name]
+    return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 
 
 def predict_usage(what: str, *options: str) -> Callable[[str], str]:

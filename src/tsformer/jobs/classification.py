@@ -20,7 +20,7 @@ from tsformer.classifier import Classifier, classes_frame, save_classifier_folde
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
 from tsformer.export import write_csv
 from tsformer.forecaster import ModelInfo
-from tsformer.jobs.base import Job, RunOutputs, metric_table, predict_usage
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 
@@ -159,16 +159,12 @@ def predict(model: Classifier, table: pd.DataFrame, args) -> str:
     )
 
 
-JOB = Job(
+load = Classifier.load  # the inference object predict.py uses
+
+JOB = job_of_module(
+    __name__,
     name="classification",
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",
-    takes_data=takes_data,
-    task_sizes=task_sizes,
-    write_outputs=write_outputs,
-    log_outputs=log_outputs,
-    summary_lines=summary_lines,
-    load=Classifier.load,
-    predict=predict,
     usage=predict_usage("classify new data", "--output", "classes.csv"),
 )

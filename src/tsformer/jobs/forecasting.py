@@ -26,7 +26,7 @@ from tsformer.export import (
     write_parquet,
 )
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.jobs.base import Job, RunOutputs, metric_table, predict_usage
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.settings import SettingError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
@@ -199,17 +199,12 @@ def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
     )
 
 
-JOB = Job(
+load = Forecaster.load  # the inference object predict.py uses
+
+JOB = job_of_module(
+    __name__,
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
     data=DATA,
-    takes_data=takes_data,
-    task_sizes=task_sizes,
-    prepare_task=prepare_task,
-    write_outputs=write_outputs,
-    log_outputs=log_outputs,
-    summary_lines=summary_lines,
-    load=Forecaster.load,
-    predict=predict,
     usage=predict_usage("forecast new data", "--output", "forecasts.csv"),
 )

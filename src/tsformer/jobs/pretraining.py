@@ -19,8 +19,8 @@ from tsformer.classifier import Classifier, save_classifier_folder
 from tsformer.config import command_line
 from tsformer.data.sequences import ClassificationData
 from tsformer.forecaster import ModelInfo
-from tsformer.jobs.base import Job, RunOutputs, metric_table
-from tsformer.jobs.classification import task_sizes
+from tsformer.jobs import classification
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table
 from tsformer.tasks.pretraining import MaskedPretraining
 
 # the pre-training's own settings, which the fine-tuning command leaves out
@@ -31,6 +31,9 @@ PRETRAINING_ONLY = (
     "model.interpolate_hidden=",
     "hydra.",
 )
+
+
+task_sizes = classification.task_sizes  # the classifier's, so that its fine-tuning takes the weights
 
 
 def takes_data(datamodule) -> bool:
@@ -71,16 +74,16 @@ def predict(model: Classifier, table, args) -> str:
     )
 
 
-JOB = Job(
+def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
+    """Nothing beyond the checkpoint and the model folder (`callbacks.MLflowRun.log_outputs`)."""
+
+
+load = Classifier.load  # for init_from; it classifies nothing (`predict`)
+
+JOB = job_of_module(
+    __name__,
     name="pretraining",
     tasks=(MaskedPretraining,),
     data="labelled sequences or streams with a classifier's model config, for pretrain=masked",
-    takes_data=takes_data,
-    task_sizes=task_sizes,
-    write_outputs=write_outputs,
-    log_outputs=lambda logger, cfg, task, datamodule, outputs: None,
-    summary_lines=summary_lines,
-    load=Classifier.load,
-    predict=predict,
     usage=lambda ref: f"fine-tune a classifier from it: {fine_tune_command(ref)}",
 )
