@@ -11,6 +11,7 @@ import contextlib
 import io
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -90,7 +91,7 @@ def test_the_run_is_named_and_tagged_after_its_job_and_writes_its_model_folder(t
     assert job_of_folder(result.model_folder) is job
     load_model(result.model_folder)
     experiment = the_run.info.experiment_id
-    assert f"mlflow ui --backend-store-uri {uri}" in summary
+    assert f"{sys.executable} -m mlflow ui --backend-store-uri {uri}" in summary
     assert f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{result.run_id}" in summary
     assert f"model folder: {result.model_folder.resolve()}" in summary
 

@@ -147,10 +147,13 @@ def _check_flags(job, args) -> None:
         own = job.predict_flag is not None and job.predict_flag[0] == flag
         if given and not own:
             raise ValueError(
-                f"{flag}: {args.model} is a {job.name} model ({job.usage('MODEL')}); leave out {flag}"
+                f"{flag}: {args.model} is a model of the {job.name} job, which does not take {flag} "
+                f"({job.usage('MODEL')})"
             )
         if own and not given:
-            raise ValueError(f"{args.model} is a {job.name} model: {job.usage(args.model)}; add {flag}")
+            raise ValueError(
+                f"{args.model} is a model of the {job.name} job: add {flag} ({job.usage(args.model)})"
+            )
 
 
 if __name__ == "__main__":

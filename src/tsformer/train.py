@@ -18,7 +18,6 @@ process alone (`_one_process_for_test`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
@@ -46,6 +45,7 @@ from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
 from tsformer.settings import SettingError
+from tsformer.tasks.setting_groups import task_settings
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,8 @@ def job_of(model_cfg: DictConfig, datamodule) -> Job:
         known = sorted(f"{cls.__module__}.{cls.__qualname__}" for j in JOBS.values() for cls in j.tasks)
         raise SettingError(f"model._target_: {target} is no task of a job of tsformer; known: {known}")
     if not job.takes_data(datamodule):
-        taker = next((j for j in JOBS.values() if j.takes_data(datamodule)), None)
-        wanted = f" (it feeds {taker.name}: {taker.data})" if taker is not None else ""
+        takers = [j.name for j in JOBS.values() if j.takes_data(datamodule)]
+        wanted = f" (it feeds {', '.join(takers)})" if takers else ""
         raise SettingError(
             f"model: {target} does not take the data of data={datamodule.name}{wanted}; {job.name} takes {job.data}"
         )
@@ -136,7 +136,7 @@ def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None)
     `baselines`: extra ones, beside the naive baseline, for the tasks that take them."""
     job = job_of(model_cfg, datamodule)
     sizes = job.task_sizes(datamodule)
-    takes_baselines = "baselines" in inspect.signature(get_class(model_cfg._target_)).parameters
+    takes_baselines = "baselines" in task_settings(get_class(model_cfg._target_))
     extra = {"baselines": baselines} if takes_baselines else {}
     task = _instantiate_settings(
         model_cfg,

@@ -4,6 +4,7 @@ every run prints (`print_summary`). See `tsformer.jobs` for the registry and how
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -66,7 +67,7 @@ class Job:
     predict_flag: tuple[str, str] | None = None
 
 
-# the fields of `Job` a job module defines as functions of these names (`Job.of_module`)
+# the fields of `Job` a job module defines as functions of these names (`job_of_module`)
 FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
 FUNCTIONS += ("load", "predict")
 
@@ -93,13 +94,11 @@ def print_summary(job: Job, logger, metrics: dict[str, float], baselines: list, 
     lines = ["", RULE]
     if logger is not None:
         uri = logger.experiment.tracking_uri
-        lines += [
-            f"MLflow run id: {logger.run_id}   (tracking URI: {uri})",
-            (
-                f"look at the run: mlflow ui --backend-store-uri {uri}   then open "
-                f"http://127.0.0.1:5000/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
-            ),
-        ]
+        page = f"#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
+        served = uri.startswith(("http://", "https://"))  # a tracking server shows the run itself
+        ui = f"{shlex.quote(os.path.abspath(sys.executable))} -m mlflow ui --backend-store-uri {shlex.quote(uri)}"
+        look = f"{uri.rstrip('/')}/{page}" if served else f"{ui}   then open http://127.0.0.1:5000/{page}"
+        lines += [f"MLflow run id: {logger.run_id}   (tracking URI: {uri})", f"look at the run: {look}"]
     lines += job.summary_lines(metrics, baselines, outputs)
     lines.append(f"model folder: {outputs.model_folder.resolve()}")
     lines.append(job.usage(str(outputs.model_folder.resolve())))
