@@ -3,8 +3,9 @@
 The folder has the files of a forecasting model folder (`tsformer.forecaster`): `tsformer.json` (the
 task class, its hyperparameters with the class names, the data contract below, the channel scaler
 as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
-needs only the installed package; `predict.py` and the pyfunc model dispatch on the task class
-written in `tsformer.json` (`is_classifier_folder`). An encoder pre-trained on such sequences
+needs only the installed package (`tsformer.model_folder` reads and checks the folder; `FOLDER` says
+what this kind holds); `predict.py` and the pyfunc model find its job by the task class written in
+`tsformer.json` (`jobs.job_of_folder`). An encoder pre-trained on such sequences
 (`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
 
 The table is laid out as the training data (`tsformer.data.sequences`):
@@ -18,7 +19,6 @@ Output columns: `series_id`, [`window_end_time`], `y_true` (the table's label, e
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from tsformer.data.features import Affine
 from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolve_freq
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
-from tsformer.model_folder import CONFIG_FILE, RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
 
@@ -83,14 +83,6 @@ def contract_of(datamodule) -> SequenceContract:
 def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder`, each file atomically."""
     return model_folder.write(folder, FOLDER, task, contract_of(datamodule), info)
-
-
-def is_classifier_folder(folder: str | Path) -> bool:
-    """Whether the model folder's `tsformer.json` holds a classifier (else: a forecasting model)."""
-    try:
-        return json.loads((Path(folder) / CONFIG_FILE).read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False  # the forecaster's loader names what is wrong with the file
 
 
 # -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
