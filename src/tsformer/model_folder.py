@@ -154,13 +154,19 @@ def read(folder: str | Path, kind: FolderKind):
 
 def _task_class(name: str, kind: FolderKind, path: Path) -> type:
     task_class = task_class_of(name)
-    if task_class is None or not issubclass(task_class, kind.tasks):
-        example = f"{kind.tasks[0].__module__}.{kind.tasks[0].__qualname__}"
-        raise ModelFolderError(
-            f"{path}: task_class {name!r} is not a task of a {kind.name} of this tsformer (such as "
-            f"{example!r}): {RESTORE}"
-        )
+    if task_class is None:
+        raise unknown_task(name, path)
+    if not issubclass(task_class, kind.tasks):
+        raise ModelFolderError(f"{path}: task_class {name!r} is not a task of a {kind.name}: {RESTORE}")
     return task_class
+
+
+def unknown_task(name, path: Path) -> ModelFolderError:
+    """The error of a `task_class` that names no task of this tsformer."""
+    return ModelFolderError(
+        f"{path}: task_class {name!r} is not a task of this tsformer (such as "
+        f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
+    )
 
 
 def _build(task_class: type, hparams: dict, path: Path):

@@ -50,7 +50,7 @@ def job_of_task(task_class: type) -> Job | None:
 def job_of_folder(folder: str | Path) -> Job:
     """The job of the model in `folder`, by the task class its `tsformer.json` names (imported only
     from the tsformer package: a model folder never runs code)."""
-    from tsformer.model_folder import RESTORE, ModelFolderError, read_config, task_class_of
+    from tsformer.model_folder import RESTORE, ModelFolderError, read_config, task_class_of, unknown_task
 
     config, path = read_config(folder)
     if "task_class" not in config:
@@ -59,10 +59,7 @@ def job_of_folder(folder: str | Path) -> Job:
     task_class = task_class_of(name)
     job = job_of_task(task_class) if task_class is not None else None
     if job is None:
-        raise ModelFolderError(
-            f"{path}: task_class {name!r} is not a task of this tsformer (such as "
-            f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
-        )
+        raise unknown_task(name, path)
     return job
 
 
