@@ -84,6 +84,16 @@ def predict_usage(what: str, *options: str) -> Callable[[str], str]:
     return lambda ref: f"{what}: {command_line('predict', shlex.quote(ref), '<table.csv>', *options)}"
 
 
+def predict_csv(model, table: pd.DataFrame, args: argparse.Namespace) -> tuple[pd.DataFrame, Path, str]:
+    """`model.predict` of `table` written to `args.output` (predict.py's options): the rows, the file,
+    and who predicted them, '<family> model (run <id>, data <data set>)'."""
+    from tsformer.export import write_csv
+
+    frame = model.predict(table, origin=args.origin, source=str(args.data), time_format=args.time_format)
+    path = write_csv(frame, args.output).resolve()
+    return frame, path, f"{model.info.family} model (run {model.info.run_id}, data {model.info.dataset})"
+
+
 RULE = "=" * 72
 
 

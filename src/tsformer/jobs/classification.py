@@ -20,7 +20,7 @@ from tsformer.classifier import Classifier, classes_frame, save_classifier_folde
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
 from tsformer.export import write_csv
 from tsformer.forecaster import ModelInfo
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 
@@ -150,12 +150,9 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
 
 def predict(model: Classifier, table: pd.DataFrame, args) -> str:
     """The classes of `table`'s sequences written to `args.output`; what was predicted, in two lines."""
-    classes = model.predict(table, origin=args.origin, source=str(args.data), time_format=args.time_format)
-    path = write_csv(classes, args.output)
-    info = model.info
+    classes, path, who = predict_csv(model, table, args)
     return (
-        f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(classes)} samples, classes "
-        f"{model.classes}\nclasses CSV: {path.resolve()} ({len(classes)} rows)"
+        f"{who}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {path} ({len(classes)} rows)"
     )
 
 

@@ -26,7 +26,7 @@ from tsformer.export import (
     write_parquet,
 )
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.settings import SettingError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
@@ -188,14 +188,11 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
 
 def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
     """The forecasts of `table` written to `args.output`; what was predicted, in two lines."""
-    forecasts = model.predict(table, origin=args.origin, source=str(args.data), time_format=args.time_format)
-    path = write_csv(forecasts, args.output)
-    info = model.info
+    forecasts, path, who = predict_csv(model, table, args)
     origins = forecasts.groupby("series_id")["origin_time"].max()
     return (
-        f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(origins)} series, "
-        f"{forecasts['step'].max()} steps, origin(s) {origins.min()} .. {origins.max()}\n"
-        f"forecasts CSV: {path.resolve()} ({len(forecasts)} rows)"
+        f"{who}: {len(origins)} series, {forecasts['step'].max()} steps, origin(s) {origins.min()} .. "
+        f"{origins.max()}\nforecasts CSV: {path} ({len(forecasts)} rows)"
     )
 
 
