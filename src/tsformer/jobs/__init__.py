@@ -16,26 +16,28 @@ Its `tasks` say which task classes it runs; the MLflow run is named and tagged (
 `base.job_of_module(__name__, name=..., tasks=..., data=..., usage=...)` makes the `JOB` of a module
 that defines those functions; `dataclasses.replace` one from another job's (reconstruction, imputation).
 
-Adding a job: its module here with a `JOB`, one line in `JOBS` below, its task (tasks/), its configs
-(conf/model/...) and tests; `tests/test_jobs.py` runs every registered job end to end.
+Adding a job: its module here with a `JOB`, one line in `REGISTERED` below, its task (tasks/) if no
+task fits, its configs (conf/model/...) and tests (its entry in `RUNS` of tests/test_jobs.py, which
+runs every registered job end to end). train.py and predict.py do not change.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
 
-from tsformer.jobs import classification, forecasting, imputation, pretraining, reconstruction
 from tsformer.jobs.base import Job, RunOutputs, print_summary
 
+# the modules of the registered jobs (tsformer/jobs/<module>.py, each with a `JOB`): one line a job
+REGISTERED = (
+    "forecasting",
+    "reconstruction",
+    "imputation",
+    "classification",
+    "pretraining",
+)
 JOBS: dict[str, Job] = {
-    job.name: job
-    for job in (
-        forecasting.JOB,
-        reconstruction.JOB,
-        imputation.JOB,
-        classification.JOB,
-        pretraining.JOB,
-    )
+    job.name: job for job in (import_module(f"tsformer.jobs.{m}").JOB for m in REGISTERED)
 }
 
 __all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]
