@@ -55,12 +55,18 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     of the name at once race creating it. Here both happen under a lock (a file in the temporary
     folder, named after the database): one process creates, the others find. Other URIs (servers,
     which migrate once at their start): nothing to do.
+
+    A new experiment keeps its runs' files and logged models in `mlruns/` beside the database. MLflow's
+    default is `./mlruns` of the folder the experiment happened to be created from: a database given by
+    its path (`sqlite:////data/mlflow.db`, a test's temporary one) would otherwise scatter them into
+    whichever folder a run started in.
     """
     prefix = "sqlite:///"
     if not uri or not uri.startswith(prefix):
         return
     from filelock import FileLock
     from mlflow import MlflowClient
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     database = uri.removeprefix(prefix)
     lock = (
@@ -70,7 +76,14 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     with FileLock(lock):
         client = MlflowClient(uri)  # opening the database creates its tables when there are none
         if experiment_name and client.get_experiment_by_name(experiment_name) is None:
-            client.create_experiment(experiment_name)
+            # MLflow's layout (`mlruns/<experiment id>/`), rooted beside the database
+            SqlAlchemyStore(uri, artifact_root(uri)).create_experiment(experiment_name)
+
+
+def artifact_root(sqlite_uri: str) -> str:
+    """Where the experiments of a `sqlite:///` database keep their artifacts (runs' files, logged
+    models), each in a folder named by its id: `mlruns/` beside the database."""
+    return str(Path(sqlite_uri.removeprefix("sqlite:///")).resolve().parent / "mlruns")
 
 
 @contextmanager
