@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build; a GPU user installs a CUDA build into .venv first (see README) and this step keeps it.
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install test test-fast lint format train bench clean
+.PHONY: install test test-fast lint format train serve bench clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,12 @@ format: install
 
 train: install
 	$(PY) train.py
+
+# make serve MODEL=<run id | folder> [PORT=5001]: the model answers on http://127.0.0.1:$(PORT)/invocations
+PORT ?= 5001
+serve: install
+	@test -n "$(MODEL)" || { echo "error: give the model: make serve MODEL=<run id | runs:/<id>/model | folder>" >&2; exit 2; }
+	$(VENV)/bin/tsformer-serve "$(MODEL)" --port $(PORT)
 
 bench: install
 	$(PY) benchmarks/kv_cache.py

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
 from tsformer.data.features import FeaturePipeline
-from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_json
+from tsformer.export import SplitView, forecasts_frame, mae_by_step, select_levels, write_json
 from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
@@ -144,25 +144,27 @@ class MLflowRun(Callback):
         tested = task.test_outputs
         n_plot = self.cfg.n_plot_windows
         shown = _plot_windows(len(tested["pred"]), n_plot)
-        windows = forecasts_frame(
-            datamodule, "test", tested["pred"], tested["true"], tested["valid"], windows=shown
-        )
+        view = SplitView.of(datamodule, "test")
+        windows = forecasts_frame(view, tested["pred"], tested["true"], tested["valid"], windows=shown)
         reconstruction = datamodule.horizon == 0  # the figures say "reconstruction", not "forecast"
         history = _history(datamodule)
+        units = view.units
         figures = {
-            "plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction)
+            "plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction, units)
         }
-        model_mae = mae_by_step(datamodule, tested["pred"], tested["true"], tested["valid"])
-        baseline_mae = mae_by_step(datamodule, tested["baseline"], tested["true"], tested["valid"])
-        figures["plots/error_by_step.png"] = error_by_step_figure(model_mae, baseline_mae, reconstruction)
-        for name, fig in figures.items():
-            tracking.log_figure(self.logger, fig, name)
-        tracking.log_figure(self.logger, attention_figure(task, datamodule), "plots/attention.png")
+        model_mae = mae_by_step(view, tested["pred"], tested["true"], tested["valid"])
+        baseline_mae = mae_by_step(view, tested["baseline"], tested["true"], tested["valid"])
+        figures["plots/error_by_step.png"] = error_by_step_figure(
+            model_mae, baseline_mae, reconstruction, view.freq, units
+        )
+        figures["plots/attention.png"] = attention_figure(task, view, datamodule.datasets["test"])
         if task.head.probabilistic:
             quantiles = select_levels(tested["quantiles"], task.report_levels, BAND_LEVELS)
             args = (tested["pred"], tested["true"], tested["valid"], quantiles, BAND_LEVELS)
-            bands = forecasts_frame(datamodule, "test", *args, windows=shown)
-            tracking.log_figure(self.logger, fan_chart_figure(bands, history, n_plot), "plots/fan_chart.png")
+            bands = forecasts_frame(view, *args, windows=shown)
+            figures["plots/fan_chart.png"] = fan_chart_figure(bands, history, n_plot, units)
+        for name, fig in figures.items():  # in MLflow, and beside the forecasts CSV
+            tracking.log_figure(self.logger, fig, name, Path(self.cfg.paths.output_dir))
 
 
 def _fill_in_loggers(cfg: DictConfig, run_name: str, resumed: resume.Resume | None) -> None:

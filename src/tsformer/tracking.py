@@ -259,10 +259,16 @@ def log_files(logger: MLFlowLogger, files: list[tuple[str, Path]]) -> None:
         logger.experiment.log_artifact(logger.run_id, str(path), folder)
 
 
-def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
+def log_figure(logger: MLFlowLogger, fig, artifact_file: str, folder: Path | None = None) -> None:
+    """Log `fig` as the run's artifact `artifact_file` (`plots/x.png`), and write it as
+    `folder`/`artifact_file` too when given (the run's output folder, beside its CSV)."""
     import matplotlib.pyplot as plt
 
     logger.experiment.log_figure(logger.run_id, fig, artifact_file)
+    if folder is not None:
+        path = Path(folder) / artifact_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
     plt.close(fig)  # logged: no need to keep it (pyplot keeps every open figure alive)
 
 
@@ -329,7 +335,8 @@ def log_pyfunc_model(
     (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
     A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
     nothing and needs no Hydra config. The signature is inferred from an example table and its
-    forecasts (a parameter `origin`, empty by default); `optional_inputs` may be left out. Returns the
+    forecasts (a parameter `origin`, empty by default), its times of any type; `optional_inputs` may be
+    left out. Returns the
     model URI.
     """
     import warnings
@@ -337,7 +344,8 @@ def log_pyfunc_model(
 
     import mlflow
     from mlflow.models import Model, infer_signature
-    from mlflow.types import ColSpec, Schema
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import AnyType
 
     import tsformer
     from tsformer import mlflow_model
@@ -345,11 +353,19 @@ def log_pyfunc_model(
     with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
         warnings.simplefilter("ignore", UserWarning)
         signature = infer_signature(example_input, example_output, params={"origin": ""})
-    if optional_inputs:  # columns a table may leave out (a classifier's labels), which MLflow would demand
-        columns = signature.inputs.inputs
-        signature.inputs = Schema(
-            [ColSpec(c.type, c.name, required=c.name not in optional_inputs) for c in columns]
-        )
+    # Times come as text from pd.read_csv and JSON requests: MLflow's datetime type refuses pandas 3's
+    # text columns and would guess their format; the model reads them as predict.py does (the training
+    # data's format), parsed times too. Columns a table may leave out (a classifier's labels) are optional.
+    signature.inputs = Schema(
+        [
+            ColSpec(
+                AnyType() if c.type == DataType.datetime else c.type,
+                c.name,
+                required=c.name not in optional_inputs,
+            )
+            for c in signature.inputs.inputs
+        ]
+    )
     requirements = []
     for package in ("torch", "lightning", "pandas", "numpy", "scikit-learn", "mlflow"):
         try:

@@ -45,7 +45,7 @@ from tsformer import classification_outputs, init_from, pretraining_outputs, res
 from tsformer.callbacks import MLflowRun
 from tsformer.config import command_line, config_dir
 from tsformer.data.schema import DataValidationError
-from tsformer.export import forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
+from tsformer.export import SplitView, forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
 from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
 from tsformer.settings import SettingError
 from tsformer.tasks.base import WindowTask
@@ -306,12 +306,12 @@ def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> Run
     if cfg.forecasts_file:
         quantiles = _quantiles(task, task.head.levels)
         forecasts = forecasts_frame(
-            datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles
+            SplitView.of(datamodule, "test"), tested["pred"], tested["true"], tested["valid"], *quantiles
         )
         csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
     if cfg.get("paths_file"):
         paths_path = write_parquet(
-            paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file
+            paths_frame(SplitView.of(datamodule, "test"), tested["paths"]), output_dir / cfg.paths_file
         )
     info = ModelInfo(
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
