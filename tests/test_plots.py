@@ -216,3 +216,12 @@ def test_error_by_step_says_the_steps_in_time_too(freq, unit, last):
     step_to_time = top._functions[0]  # the axis' transform from steps to time
     assert step_to_time(96) == pytest.approx(last)
     plt.close(fig)
+
+
+def test_data_units_reach_the_figures_view_and_a_unit_for_no_column_is_refused(tmp_path):
+    cfg = compose_config([*TINY, 'data.units={dynamic_temperature:"°C",supply_voltage:V}'], tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    assert SplitView.of(dm, "test").units == {"dynamic_temperature": "°C", "supply_voltage": "V"}
+    with pytest.raises(Exception, match=r"data.units names \[.power.\]"):  # Hydra wraps the ValueError
+        instantiate(compose_config([*TINY, "data.units={power:kW}"], tmp_path).data)

@@ -276,7 +276,7 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
     # the simulators share their settings (n_series, n_steps, freq, start, seed); the plant has more
     for name, setting in SIMULATOR_OPTIONS.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
+            _option(name),
             type=type(setting.default),
             default=None,
             help=f"the simulator's {name} (default: as data=<name> trains on it)",
