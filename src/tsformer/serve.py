@@ -45,11 +45,18 @@ class BadRequest(ValueError):
     """A request the model cannot answer: its message is the answer's one line."""
 
 
-def read_request(body: bytes, content_type: str) -> tuple[pd.DataFrame, dict]:
-    """(table, params) of an /invocations request in MLflow's formats (see the module docstring)."""
+def read_request(
+    body: bytes, content_type: str, csv_options: dict | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """(table, params) of an /invocations request in MLflow's formats (see the module docstring); a CSV
+    body is read with `csv_options` (the training file's separator, decimal mark, encoding)."""
     mime = (content_type or "application/json").split(";")[0].strip().lower()
     if mime == "text/csv":
-        return pd.read_csv(io.BytesIO(body)), {}
+        options = {k: v for k, v in (csv_options or {}).items() if v is not None}
+        try:
+            return pd.read_csv(io.BytesIO(body), **options), {}
+        except (ValueError, UnicodeDecodeError) as err:  # pandas' parser errors are ValueErrors
+            raise BadRequest(f"the CSV body cannot be read: {str(err).strip().splitlines()[0]}") from err
     if mime != "application/json":
         raise BadRequest(f"Content-Type {mime!r}: send application/json or text/csv")
     try:
@@ -112,7 +119,7 @@ def app(model):
     async def invocations(request: Request):
         body = await request.body()
         try:
-            table, params = read_request(body, request.headers.get("content-type", ""))
+            table, params = read_request(body, request.headers.get("content-type", ""), model.contract.csv)
             return json_response(answer(model, table, params))
         except BadRequest as err:
             return json_response(json.dumps({"error_code": "BAD_REQUEST", "message": str(err)}), 400)
