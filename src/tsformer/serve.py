@@ -24,6 +24,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
     )
     args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from tsformer.classifier import load_model
     from tsformer.predict import resolve_model

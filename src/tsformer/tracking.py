@@ -10,8 +10,10 @@ These are the steps; `callbacks.MLflowRun` takes them in a training run's order.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -212,6 +214,21 @@ def git_commit() -> str:
         return "unknown"
 
 
+# the characters MLflow allows in a param's name
+PARAM_NAME = re.compile(r"^[\w\-. :/]+$")
+
+
+def param_safe(config):
+    """`config` with each mapping that has a key MLflow refuses in a param name (a column name such as
+    `LV ActivePower (kW)` in `data.units`) turned into one value, its JSON: Lightning flattens the
+    mappings into the params' names."""
+    if not isinstance(config, Mapping):
+        return config
+    if not all(PARAM_NAME.match(str(key)) for key in config):
+        return json.dumps(config, ensure_ascii=False, default=str)
+    return {key: param_safe(value) for key, value in config.items()}
+
+
 def start_run(
     logger: MLFlowLogger, config: dict, tags: dict[str, str], system_metrics: dict | None = None
 ) -> str:
@@ -220,7 +237,7 @@ def start_run(
     client, run_id = logger.experiment, logger.run_id
     if EXPERIMENT_KIND_TAG not in client.get_experiment(logger.experiment_id).tags:
         client.set_experiment_tag(logger.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    logger.log_hyperparams(config)  # flattened by Lightning: "model/net/d_model" etc.
+    logger.log_hyperparams(param_safe(config))  # flattened by Lightning: "model/net/d_model" etc.
     client.log_text(run_id, OmegaConf.to_yaml(config), "config/resolved.yaml")
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
