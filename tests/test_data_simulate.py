@@ -58,7 +58,7 @@ def test_wind_table_holds_only_the_columns_data_wind_uses(tmp_path, capsys):
     assert list(table.columns) == ["series_id", "time", *known, "power"]
     assert table.power.isna().to_numpy().tolist() == [False] * 45 + [True] * 5
     assert table.drop(columns="power").notna().all().all()
-    assert "python predict.py" in capsys.readouterr().out
+    assert f"{sys.executable} {REPO / 'predict.py'} " in capsys.readouterr().out  # runs from any folder
 
 
 @pytest.mark.parametrize("future", [[], ["--future-steps", "5"]], ids=["train_hint", "predict_hint"])

@@ -84,7 +84,7 @@ def test_the_installed_package_trains_and_forecasts_from_an_empty_folder(install
     # the summary's predict command, as printed for an installed package, on new data from tsformer-data
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("forecast new data: ")]
     command = line.removeprefix("forecast new data: ")
-    assert f"-m tsformer.predict {run.info.run_id} " in command
+    assert f"-m tsformer.predict {shlex.quote(str(model.resolve()))} " in command  # the folder: from anywhere
     simulate = [installed / "bin" / "tsformer-data", "simulate", "plant", "-o", "new.csv", "--n-series", "2",
                 "--n-steps", "800", "--seed", "0", "--future-steps", str(HORIZON)]  # fmt: skip
     run_installed(simulate, tmp_path, installed)
