@@ -43,7 +43,7 @@ def find_model_folder(folder: Path) -> Path:
     from tsformer.forecaster import CONFIG_FILE
 
     for place in MODEL_FOLDER_PLACES:
-        if (folder / place / CONFIG_FILE).is_file():
+        if any((folder / place / name).is_file() for name in (CONFIG_FILE, "anomaly.json")):
             return folder / place
     raise FileNotFoundError(
         f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
+            if (folder / "anomaly.json").is_file():  # an anomaly detector's folder (tsformer.anomaly.job)
+                return _judge_anomalies(folder, args)
             from tsformer.classifier import load_model
 
             forecaster = load_model(folder)  # a Forecaster, or a Classifier (classes and probabilities)
@@ -193,3 +195,17 @@ def _impute(forecaster, table, args, csv_options: dict) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _judge_anomalies(folder: Path, args) -> int:
+    """Score `args.data` with an anomaly model: per-row CSV at `args.output`, events beside it."""
+    from tsformer.anomaly.job import AnomalyModel, write_csv
+
+    model = AnomalyModel.load(folder)
+    flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
+    table = load_table(args.data, **flags)
+    rows, events, _ = model.judge(table)
+    path = write_csv(rows, Path(args.output))
+    events_path = write_csv(events, path.with_name(path.stem + "_events.csv"))
+    print(f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}")
+    return 0

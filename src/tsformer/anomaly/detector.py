@@ -103,9 +103,9 @@ def check_table(table: pd.DataFrame, channels: list[str], min_rows: int, what: s
         bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise DataValidationError(
-                f"{what}: column {c!r}, row {row}: {table[c].iloc[row]!r} is empty or not a number"
-            )
+            value = table[c].iloc[row]
+            shown = "empty" if pd.isna(value) else f"{value!s} is not a number"
+            raise DataValidationError(f"{what}: column {c!r}, row {row} (counted from 0): {shown}")
     for sid, rows in series_rows(table).items():
         if len(rows) < min_rows:
             name = f"series {sid!r}" if sid is not None else "the table"

@@ -38,6 +38,12 @@ def simulate_plant_anomaly(
     rng = np.random.default_rng(seed + 1)
     table["label"] = 0
     test_start = round((1.0 - test_fraction) * n_steps)
+    longest = max(length for _, length, _ in FAULTS.values())
+    if n_steps - test_start < longest + 201:
+        raise ValueError(
+            f"n_steps={n_steps} x test_fraction={test_fraction}: the test rows must hold the longest fault "
+            f"({longest} steps) with 100 normal steps either side"
+        )
     for series, (fault, length, sensors) in FAULTS.items():
         rows = np.flatnonzero(table["series_id"].to_numpy() == np.unique(table["series_id"])[series])
         start = test_start + int(rng.integers(100, n_steps - test_start - length - 100))
