@@ -7,11 +7,13 @@ is read) and measures on the held-out normal `val` rows how large each channel's
 - `masked` (the encoder-only family, `tasks.masked.MaskedFillIn`, trained the BERT way): windows of
   `context_len` steps every `stride` steps; in each window every value is hidden once in a run of
   `run_length` steps (`n_masks` interleaved masks: value (t, c) is hidden by mask ((t // run_length) + c)
-  mod n_masks) and, with `channel_out`, each channel is hidden over the whole window once, restored
-  from the other channels alone (a stuck or drifting sensor that its own neighbours would "explain"
-  is then restored from what the plant says it should read). Training hides geometric runs
-  (`mask_ratio`, `mask_mean_length`) and, in half of the windows, one whole channel: what scoring
-  asks of the model. A value's error is the mean over every window covering it.
+  mod n_masks) and, with `channel_out`, each channel is hidden over the first half of the window and
+  then over the second half, restored from the other channels and its own other half (a stuck or
+  drifting sensor that its own neighbours would "explain", or a changed relation between two
+  sensors, shows against what the rest of the window says it should read). Training hides geometric
+  runs (`mask_ratio`, `mask_mean_length`) and, in half of the windows, one channel over a block of
+  N/4 to N steps: what scoring asks of the model. A value's error is the mean over every window
+  covering it, per kind of mask; the two kinds are averaged.
 - `forecast` (the decoder-only family with a Gaussian head, one step ahead): step t is predicted from
   the `context_len` - 1 rows before it alone (the first rows of a series from the rows they have), and
   its surprise is the squared standardised residual ((y - mean) / sd)^2 of each channel, the part of
@@ -254,12 +256,15 @@ class MaskedDetector(AnomalyDetector):
     def loss(self, batch, generator):
         B, N, C = batch.shape
         hidden = draw_mask((B, N, C), self.mask, generator)  # (B, N, C)
-        if self.settings.channel_out:  # half the windows: one whole channel hidden too
+        if self.settings.channel_out:  # half the windows: one channel hidden over a block of N/4..N steps too
             channel = torch.randint(C, (B,), generator=generator)
-            out = (torch.rand(B, generator=generator) < 0.5).unsqueeze(1) & (
-                torch.arange(C).unsqueeze(0) == channel.unsqueeze(1)
-            )  # (B, C)
-            hidden = hidden | out.unsqueeze(1)
+            length = torch.randint(N // 4, N + 1, (B,), generator=generator)
+            start = (torch.rand(B, generator=generator) * (N - length + 1)).long()
+            steps = torch.arange(N).unsqueeze(0)  # (1, N)
+            in_block = (steps >= start.unsqueeze(1)) & (steps < (start + length).unsqueeze(1))  # (B, N)
+            picked = torch.rand(B, generator=generator) < 0.5
+            block = (in_block & picked.unsqueeze(1)).unsqueeze(2) & (torch.arange(C) == channel.unsqueeze(1)).unsqueeze(1)
+            hidden = hidden | block  # (B, N, C)
         return self.task.masked_loss_of(self.batch(batch), hidden, hidden)
 
     def scoring_masks(self) -> list[torch.Tensor]:
@@ -268,8 +273,11 @@ class MaskedDetector(AnomalyDetector):
         N, C = s.context_len, len(self.channels)
         phase = (torch.arange(N).unsqueeze(1) // s.run_length + torch.arange(C).unsqueeze(0)) % s.n_masks
         masks = [phase == k for k in range(s.n_masks)]
-        if s.channel_out:
-            masks += [(torch.arange(C) == c).expand(N, C) for c in range(C)]
+        if s.channel_out:  # each channel's first half, then its second half, restored from the rest
+            first = (torch.arange(N) < N // 2).unsqueeze(1)  # (N, 1)
+            for c in range(C):
+                channel = (torch.arange(C) == c).unsqueeze(0)  # (1, C)
+                masks += [first & channel, ~first & channel]
         return masks
 
     @torch.no_grad()
