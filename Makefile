@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build; a GPU user installs a CUDA build into .venv first (see README) and this step keeps it.
 TORCH_VERSION ?= 2.13.0
+# TSB-AD's published anomaly metrics, installed with --no-deps: its evaluation needs only numpy,
+# scikit-learn, scipy and statsmodels (our dependencies), while its requirements pin numpy<2 and pull
+# torch, transformers, tslearn, stumpy and more
+TSB_AD_VERSION := 1.5
 
 .PHONY: install test test-fast lint format train bench clean
 
@@ -13,6 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "TSB-AD==$(TSB_AD_VERSION)"
 	touch $@
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.

@@ -138,15 +138,18 @@ def table(rows: list[dict], windows: dict[str, int], args, stamp: str) -> str:
     return "\n".join(lines)
 
 
-def write_results(path: Path, text: str, name: str) -> None:
-    """`text` into the file at `path` between `<!-- table NAME -->` and `<!-- /table NAME -->`."""
+def write_results(
+    path: Path, text: str, name: str, title: str = "# Imputation on ETT (benchmarks/imputation.py)"
+) -> None:
+    """`text` into the file at `path` between `<!-- table NAME -->` and `<!-- /table NAME -->` (a new
+    file starts with `title`)."""
     begin, end = f"<!-- table {name} -->", f"<!-- /table {name} -->"
     block = f"{begin}\n{text}\n{end}"
     old = path.read_text() if path.is_file() else ""
     if begin in old and end in old:
         new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
     else:
-        new = (old + "\n\n" if old else "# Imputation on ETT (benchmarks/imputation.py)\n\n") + block + "\n"
+        new = (old + "\n\n" if old else title + "\n\n") + block + "\n"
     path.write_text(new)
 
 

@@ -1,0 +1,320 @@
+"""Anomaly detection on labelled benchmarks (issue 34): our detector beside classical baselines fitted on
+the same train rows in the same run, and beside TSB-AD's published VUS-PR table.
+
+    OMP_NUM_THREADS=1 python benchmarks/anomaly.py --method none          # baselines only, every file
+    python benchmarks/anomaly.py --method masked --seeds 0 1 2 --setting window=64
+    python benchmarks/anomaly.py --datasets skab --files 3 --results /tmp/R.md  # a quick check
+
+Data (`--data`, default ../shared/data/anomaly beside the repository; read in place, see SOURCE.md):
+- `msl`: the 14 MSL files of TSB-AD-M with TSB-AD's protocol: train on the `tr_<n>` prefix named in
+  each file, score every row;
+- `skab`: the 34 SKAB runs with SKAB's protocol: the first 400 rows of each run train, the rest are
+  scored (`--skab-anomaly-free` adds SKAB's separate normal run to every run's train rows; off unless
+  given, and the results' header says which);
+- `univariate`: TSB-AD-U's NAB file (train on its `tr_` prefix) and UCR 135 (train on aeon's TRAIN
+  part), every row scored: a quick check.
+
+Every method sees the same train rows; labels are used only by the evaluation
+(`tsformer.anomaly.evaluation`: TSB-AD's VUS-PR, VUS-ROC, AUC-PR, AUC-ROC on the scored rows, with
+the sliding window from the scored rows' first channel).
+- Baselines (`tsformer.anomaly.baselines`): Hotelling T², PCA residual, IsolationForest and a uniform
+  random score, each fitted on all the train rows for the threshold-free metrics.
+- Our detector (`--method masked|forecast`): `tsformer.anomaly.detector.fit_detector(train, val,
+  channels, method=..., seed=..., **settings)` with `train` the first 80 % of the train rows and `val`
+  their last 20 % (`--val-fraction`): validation never comes from scored rows. Settings come from
+  `--setting KEY=VALUE` and are fixed in advance for a whole data set, never chosen on its labels.
+- Alarm metrics (F1, event recall, false alarms per 1,000 normal rows) at a threshold calibrated on
+  normal rows only, the same way for every method: fitted on the first 80 % of the train rows, the
+  threshold is the (1 - `--false-alarm-rate`) quantile of the scores of the last 20 %. (A baseline's
+  threshold-free metrics come from its fit on all the train rows; its alarm metrics from this second
+  fit. With 80-300 validation rows per file, a rate below about 1/rows means "above the largest
+  validation score".)
+- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest, the random score and the detector; T² and
+  PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
+- Times: fit and score seconds (the whole table, every row) summed over files, mean over seeds, and as
+  a ratio to IsolationForest's in the same run.
+
+Tables are printed as markdown and written to `--results` between `<!-- table NAME -->` markers
+(NAME = `<dataset>-<method>`); the notes written by hand around them are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from imputation import machine, write_results
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from tsformer.anomaly import datasets
+from tsformer.anomaly.baselines import baselines
+from tsformer.anomaly.evaluation import alarm_metrics, evaluate
+
+DEFAULT_DATA = REPO / ".." / "shared" / "data" / "anomaly"
+REFERENCE = "isolation_forest"  # times are given as ratios to this one's
+PUBLISHED_SHOWN = ["KMeansAD", "CNN", "IForest", "PCA"]  # per-file columns; every method in the means table
+METRICS = ["vus_pr", "vus_roc", "auc_pr", "auc_roc", "f1", "event_recall", "false_alarms_per_1000"]
+# SKAB's check from the issue: Hotelling T² with each run's first 400 rows, and a random score
+ISSUE_SKAB = {"hotelling_t2": 0.827, "random": 0.588}
+TITLE = "# Anomaly detection on MSL, SKAB and two univariate series (benchmarks/anomaly.py)"
+
+
+def with_extra(rows: pd.DataFrame, extra: pd.DataFrame | None) -> pd.DataFrame:
+    """`extra` normal rows (SKAB's anomaly-free run) before a run's own train rows."""
+    return rows if extra is None else pd.concat([extra[rows.columns], rows], ignore_index=True)
+
+
+def split_train(run: datasets.LabelledRun, val_fraction: float, extra: pd.DataFrame | None):
+    """(fit rows, validation rows, the run's row where validation starts) of a run's train rows:
+    validation is their last `val_fraction`, never extra rows."""
+    cut = run.train_end - max(1, round(val_fraction * run.train_end))
+    return with_extra(run.table.iloc[:cut], extra), run.table.iloc[cut : run.train_end], cut
+
+
+def calibrated(val_scores: np.ndarray, rate: float) -> float:
+    """The (1 - rate) quantile of scores on normal validation rows (an observed score, never between two)."""
+    return float(np.quantile(val_scores, 1.0 - rate, method="higher"))
+
+
+class Baseline:
+    """A baseline behind the detector's interface: fit(train, val) then score(table) -> .score, .contributions."""
+
+    def __init__(self, model):
+        self.model, self.name = model, model.name
+
+    def fit(self, train: pd.DataFrame, val: pd.DataFrame | None):
+        self.model.fit(train.to_numpy())
+        return self
+
+    def score(self, table: pd.DataFrame):
+        return self.model.score(table.to_numpy())
+
+
+class Detector:
+    """Our detector (`tsformer.anomaly.detector`), `method` masked or forecast."""
+
+    def __init__(self, method: str, seed: int, settings: dict):
+        from tsformer.anomaly.detector import fit_detector
+
+        self.fit_detector, self.method, self.seed, self.settings = fit_detector, method, seed, settings
+        self.name = f"ours ({method})"
+
+    def fit(self, train: pd.DataFrame, val: pd.DataFrame | None):
+        self.fitted = self.fit_detector(
+            train, val, list(train.columns), method=self.method, seed=self.seed, **self.settings
+        )
+        return self
+
+    def score(self, table: pd.DataFrame):
+        return self.fitted.score(table)
+
+
+def timed(call, *args):
+    start = time.perf_counter()
+    out = call(*args)
+    return out, time.perf_counter() - start
+
+
+def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -> dict:
+    """One method on one run: threshold-free metrics and times from its fit on the train rows, alarm
+    metrics at a threshold calibrated on the validation part of the train rows."""
+    fit_rows, val_rows, cut = split_train(run, args.val_fraction, extra)
+    method = make()
+    if isinstance(method, Detector):  # trains once, on the fit rows, with its validation rows
+        _, fit_s = timed(method.fit, fit_rows, val_rows)
+        calibration = method
+    else:  # a baseline: the published protocol on every train row; a second fit for its threshold
+        _, fit_s = timed(method.fit, with_extra(run.train, extra), None)
+        calibration = make().fit(fit_rows, val_rows)
+    result, score_s = timed(method.score, run.table)
+    score = np.asarray(result.score, dtype=float)
+    if score.shape != (len(run.table),):
+        raise ValueError(
+            f"error: {method.name} scored {score.shape} rows of {run.name}, {len(run.table)} expected"
+        )
+    scored = slice(run.score_start, None)
+    out = evaluate(score[scored], run.scored_label, run.scored.iloc[:, 0].to_numpy())
+    val_scores = np.asarray(calibration.score(run.train).score, dtype=float)[cut:]
+    threshold = calibrated(val_scores, args.false_alarm_rate)
+    alarm_score = (
+        score if calibration is method else np.asarray(calibration.score(run.table).score, dtype=float)
+    )
+    out.update(alarm_metrics(alarm_score[scored] > threshold, run.scored_label))
+    return out | {"fit_s": fit_s, "score_s": score_s}
+
+
+def methods(args, seed: int) -> dict:
+    """name -> a maker of a fresh, unfitted method, for one seed."""
+    names = [b.name for b in baselines(seed)]
+    makers = {name: (lambda i=i: Baseline(baselines(seed)[i])) for i, name in enumerate(names)}
+    if args.method != "none":
+        makers[f"ours ({args.method})"] = lambda: Detector(args.method, seed, args.settings)
+    return makers
+
+
+def run_dataset(name: str, args) -> pd.DataFrame:
+    """One row per file x method x seed; deterministic baselines measured for the first seed only."""
+    runs = datasets.DATASETS[name](args.data)[: args.files or None]
+    extra = datasets.skab_anomaly_free(args.data) if name == "skab" and args.skab_anomaly_free else None
+    rows = []
+    for run in runs:
+        for i, seed in enumerate(args.seeds):
+            for method, make in methods(args, seed).items():
+                if i > 0 and method in ("hotelling_t2", "pca_residual"):
+                    continue  # no randomness: the first seed's figures stand for every seed
+                rows.append(
+                    {"file": run.name, "method": method, "seed": seed} | measure(make, run, args, extra)
+                )
+            print(f"{name} {run.name} seed {seed}: done", file=sys.stderr, flush=True)
+    return pd.DataFrame(rows)
+
+
+def mean_sd(values: pd.Series, digits: int = 3) -> str:
+    if len(values) < 2 or values.std() == 0:
+        return f"{values.mean():.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+
+
+def summary(rows: pd.DataFrame) -> list[str]:
+    """Per method: each metric's mean over files (± sd over seeds), times and their ratio to IsolationForest's."""
+    per_seed = rows.groupby(["method", "seed"]).agg(
+        {**{m: "mean" for m in METRICS}, "fit_s": "sum", "score_s": "sum"}
+    )
+    reference = per_seed.loc[REFERENCE].mean()
+    head = ["method", "VUS-PR", "VUS-ROC", "AUC-PR", "AUC-ROC", "F1", "event recall", "false alarms /1000"]
+    head += ["fit s", "score s", "fit / IF", "score / IF"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = per_seed.groupby("method")["vus_pr"].mean().sort_values(ascending=False).index
+    for method in order:
+        seeds = per_seed.loc[method]
+        cells = [mean_sd(seeds[m], 1 if m == "false_alarms_per_1000" else 3) for m in METRICS]
+        fit, score = seeds["fit_s"].mean(), seeds["score_s"].mean()
+        cells += [
+            f"{fit:.2f}",
+            f"{score:.2f}",
+            f"{fit / reference['fit_s']:.2f}",
+            f"{score / reference['score_s']:.2f}",
+        ]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def per_file(rows: pd.DataFrame, published: pd.DataFrame | None) -> list[str]:
+    """VUS-PR per file (mean over seeds), beside the published methods' on the same file."""
+    table = rows.groupby(["file", "method"])["vus_pr"].mean().unstack("method")
+    order = rows.groupby("method")["vus_pr"].mean().sort_values(ascending=False).index
+    table = table[list(order)]
+    shown = []
+    if published is not None:
+        shown = [c for c in PUBLISHED_SHOWN if c in published.columns]
+        table = table.join(published[shown].rename(columns=lambda c: f"{c} (published)"))
+    table.loc["mean"] = table.mean()
+    head = ["file", *table.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for file, values in table.iterrows():
+        lines.append(f"| {file} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    return lines
+
+
+def published_means(rows: pd.DataFrame, published: pd.DataFrame) -> list[str]:
+    """Every published method's mean VUS-PR over the files of this run, with ours in the same ranking."""
+    files = sorted(rows["file"].unique())
+    means = {f"{m} (published)": published.loc[files, m].mean() for m in published.columns}
+    means |= {m: v for m, v in rows.groupby("method")["vus_pr"].mean().items()}
+    lines = ["| method | mean VUS-PR |", "|---|---|"]
+    lines += [f"| {m} | {v:.3f} |" for m, v in sorted(means.items(), key=lambda kv: -kv[1])]
+    return lines
+
+
+def report(name: str, rows: pd.DataFrame, args, stamp: str) -> str:
+    published = None
+    path = args.data / "MSL" / "published_vus_pr.csv"
+    if name == "msl" and path.is_file():
+        published = (
+            pd.read_csv(path).assign(file=lambda d: d["file"].str.removesuffix(".csv")).set_index("file")
+        )
+    command = " ".join(["python benchmarks/anomaly.py", *sys.argv[1:]])
+    notes = [
+        f"### {name}, method {args.method}",
+        "",
+        f"Measured {stamp} on {machine()}: `{command}`. {rows['file'].nunique()} files, seeds "
+        f"{' '.join(map(str, args.seeds))}, threshold at false-alarm rate {args.false_alarm_rate} on the last "
+        f"{args.val_fraction:.0%} of the train rows"
+        + ("; SKAB's anomaly-free run added to every run's train rows" if args.skab_anomaly_free else "")
+        + (f"; detector settings {args.settings}" if args.method != "none" else "")
+        + ".",
+        "",
+        *summary(rows),
+        "",
+        "VUS-PR per file (mean over seeds):",
+        "",
+        *per_file(rows, published),
+    ]
+    if published is not None:
+        notes += ["", "Mean VUS-PR beside every method of TSB-AD's table (`published_vus_pr.csv`):", ""]
+        notes += published_means(rows, published)
+    if name == "skab":
+        measured = rows.groupby("method")["vus_pr"].mean()
+        notes += [
+            "",
+            "The issue's SKAB figures beside ours: "
+            + ", ".join(f"{m} {v} (here {measured[m]:.3f})" for m, v in ISSUE_SKAB.items() if m in measured),
+        ]
+    return "\n".join(notes)
+
+
+def setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected KEY=VALUE")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value  # a plain word stays a string
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument(
+        "--datasets", nargs="+", choices=list(datasets.DATASETS), default=list(datasets.DATASETS)
+    )
+    parser.add_argument("--method", choices=["masked", "forecast", "none"], default="none")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--setting", type=setting, action="append", default=[], help="KEY=VALUE for fit_detector"
+    )
+    parser.add_argument("--false-alarm-rate", type=float, default=0.01)
+    parser.add_argument("--val-fraction", type=float, default=0.2)
+    parser.add_argument(
+        "--skab-anomaly-free", action="store_true", help="add SKAB's normal run to its train rows"
+    )
+    parser.add_argument(
+        "--files", type=int, default=0, help="only the first N files of each data set (0: all)"
+    )
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "RESULTS_anomaly.md")
+    args = parser.parse_args()
+    args.settings = dict(args.setting)
+    if not args.data.is_dir():
+        parser.exit(2, f"error: --data {args.data}: no such folder (see ../shared/data/anomaly/SOURCE.md)\n")
+    if not 0 < args.false_alarm_rate < 1 or not 0 < args.val_fraction < 1:
+        parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for name in args.datasets:
+        text = report(name, run_dataset(name, args), args, stamp)
+        print(text + "\n", flush=True)
+        write_results(args.results, text, f"{name}-{args.method}", TITLE)
+    print(f"results: {args.results}")
+
+
+if __name__ == "__main__":
+    main()
