@@ -45,7 +45,7 @@ from tsformer.tasks.masked import MaskedFillIn
 METHODS = ("masked", "forecast")
 SERIES_COL = "series_id"
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-MIN_SPREAD = 1e-6  # floor of a channel's validation error: a channel constant on normal rows
+MIN_SPREAD = 1e-2  # floor of a channel's validation error (squared, in train sd): smaller errors count as none
 VAL_FRACTION = 0.2  # of each series' train rows held out when no validation rows are given
 
 
