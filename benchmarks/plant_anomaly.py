@@ -58,10 +58,14 @@ def one_seed(seed: int, method: str, settings: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--method", default="masked")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--set", nargs="*", default=[], help="detector settings, e.g. steps=3000 context_len=96")
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="detector settings, e.g. steps=3000 context_len=96"
+    )
     args = parser.parse_args()
     defaults = DetectorSettings()
     settings = {}

@@ -12,7 +12,15 @@ from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]
-TINY = {"context_len": 16, "d_model": 16, "n_heads": 2, "n_layers": 1, "steps": 40, "batch_size": 16, "stride": 4}
+TINY = {
+    "context_len": 16,
+    "d_model": 16,
+    "n_heads": 2,
+    "n_layers": 1,
+    "steps": 40,
+    "batch_size": 16,
+    "stride": 4,
+}
 
 
 @pytest.fixture(scope="module")

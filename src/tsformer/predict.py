@@ -207,5 +207,7 @@ def _judge_anomalies(folder: Path, args) -> int:
     rows, events, _ = model.judge(table)
     path = write_csv(rows, Path(args.output))
     events_path = write_csv(events, path.with_name(path.stem + "_events.csv"))
-    print(f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}")
+    print(
+        f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}"
+    )
     return 0

@@ -4,4 +4,12 @@ alarms and events, and their evaluation (docs/anomaly.md)."""
 from tsformer.anomaly.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.anomaly.detector import METHODS, AnomalyDetector, Scores, fit_detector
 
-__all__ = ["METHODS", "AnomalyDetector", "EventRule", "Scores", "calibrate_threshold", "events_of", "fit_detector"]
+__all__ = [
+    "METHODS",
+    "AnomalyDetector",
+    "EventRule",
+    "Scores",
+    "calibrate_threshold",
+    "events_of",
+    "fit_detector",
+]

@@ -45,7 +45,8 @@ from tsformer.tasks.masked import MaskedFillIn
 METHODS = ("masked", "forecast")
 SERIES_COL = "series_id"
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-MIN_SPREAD = 1e-2  # floor of a channel's validation error (squared, in train sd): smaller errors count as none
+# floor of a channel's validation error (squared, in train sd): smaller errors count as none
+MIN_SPREAD = 1e-2
 VAL_FRACTION = 0.2  # of each series' train rows held out when no validation rows are given
 
 
@@ -143,7 +144,8 @@ class AnomalyDetector:
         self.seed = seed
         self.loc = np.zeros(len(channels))
         self.scale = np.ones(len(channels))
-        self.error_scale = np.ones(len(channels))  # each channel's 99th percentile raw error on validation rows
+        # each channel's 99th percentile raw error on the validation rows
+        self.error_scale = np.ones(len(channels))
         self.val_scores = np.zeros(0)  # validation rows' scores: what alarms are calibrated on
         self.val_loss = float("nan")  # the training loss on the validation rows: to choose settings
         self.net: torch.nn.Module
@@ -176,7 +178,9 @@ class AnomalyDetector:
         val_windows = self.train_windows(self.standardised(val))
         s = self.settings
         optimiser = torch.optim.AdamW(self.net.parameters(), lr=s.lr, weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=s.lr, total_steps=s.steps, pct_start=0.1)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimiser, max_lr=s.lr, total_steps=s.steps, pct_start=0.1
+        )
         best_loss, best_state = math.inf, None
         check_every = max(1, s.steps // 10)
         self.net.train()
@@ -263,7 +267,9 @@ class MaskedDetector(AnomalyDetector):
             steps = torch.arange(N).unsqueeze(0)  # (1, N)
             in_block = (steps >= start.unsqueeze(1)) & (steps < (start + length).unsqueeze(1))  # (B, N)
             picked = torch.rand(B, generator=generator) < 0.5
-            block = (in_block & picked.unsqueeze(1)).unsqueeze(2) & (torch.arange(C) == channel.unsqueeze(1)).unsqueeze(1)
+            block = (in_block & picked.unsqueeze(1)).unsqueeze(2) & (
+                torch.arange(C) == channel.unsqueeze(1)
+            ).unsqueeze(1)
             hidden = hidden | block  # (B, N, C)
         return self.task.masked_loss_of(self.batch(batch), hidden, hidden)
 
@@ -353,7 +359,9 @@ class ForecastDetector(AnomalyDetector):
 DETECTORS = {cls.method: cls for cls in (MaskedDetector, ForecastDetector)}
 
 
-def split_normal_rows(train: pd.DataFrame, fraction: float = VAL_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_normal_rows(
+    train: pd.DataFrame, fraction: float = VAL_FRACTION
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The first (1 - fraction) of each series' rows to train on, the rest held out."""
     keep, held = [], []
     for rows in series_rows(train).values():
@@ -384,4 +392,4 @@ def fit_detector(
     return DETECTORS[method](channels, s, seed).fit(train, val)
 
 
-__all__ = ["Scores", "fit_detector", "AnomalyDetector", "DetectorSettings", "check_table", "METHODS"]
+__all__ = ["METHODS", "AnomalyDetector", "DetectorSettings", "Scores", "check_table", "fit_detector"]

@@ -170,7 +170,16 @@ class AnomalyModel:
                     "top_channels": ";".join(names[np.argsort(-summed)[:N_TOP]]),
                 }
             )
-        columns = ["event_id", "series_id", "start", "end", "n_rows", "peak_score", "peak_time", "top_channels"]
+        columns = [
+            "event_id",
+            "series_id",
+            "start",
+            "end",
+            "n_rows",
+            "peak_score",
+            "peak_time",
+            "top_channels",
+        ]
         return pd.DataFrame(records, columns=columns)
 
 
@@ -271,7 +280,9 @@ def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFram
             before[rows] = True
     else:
         if time_col not in table.columns:
-            raise DataValidationError(f"data.train_end={train_end!r} is a time, but there is no column {time_col!r}")
+            raise DataValidationError(
+                f"data.train_end={train_end!r} is a time, but there is no column {time_col!r}"
+            )
         before = (pd.to_datetime(table[time_col]) < pd.Timestamp(train_end)).to_numpy()
     if not before.any() or before.all():
         raise DataValidationError(f"data.train_end={train_end!r} leaves no rows to train on or none to judge")
@@ -316,7 +327,9 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def record(cfg, model: AnomalyModel, metrics, rows, scores, folder: Path, files: list[Path], judged) -> str | None:
+def record(
+    cfg, model: AnomalyModel, metrics, rows, scores, folder: Path, files: list[Path], judged
+) -> str | None:
     """The MLflow run (with `logger=mlflow`): params, metrics, figures, files and the pyfunc model."""
     logger = cfg.get("logger") or {}
     mlflow_cfg = logger.get("mlflow") if hasattr(logger, "get") else None
@@ -363,10 +376,14 @@ def log_pyfunc_model(folder: Path, example: pd.DataFrame) -> None:
         )
 
 
-def print_summary(metrics: dict, rows: pd.DataFrame, events: pd.DataFrame, rows_path: Path, folder: Path) -> None:
+def print_summary(
+    metrics: dict, rows: pd.DataFrame, events: pd.DataFrame, rows_path: Path, folder: Path
+) -> None:
     lines = [
-        f"anomaly: {len(rows)} rows judged, {int(rows['alarm'].sum())} alarms, {len(events)} events "
-        f"(threshold {metrics['threshold']:.4g})",
+        (
+            f"anomaly: {len(rows)} rows judged, {int(rows['alarm'].sum())} alarms, {len(events)} events "
+            f"(threshold {metrics['threshold']:.4g})"
+        ),
         *(f"  {k}: {v:.4g}" for k, v in metrics.items() if k not in ("threshold",)),
         f"rows: {rows_path}",
         f"events: {rows_path.parent / 'events.csv'}",

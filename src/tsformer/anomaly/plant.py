@@ -21,7 +21,13 @@ import pandas as pd
 
 from tsformer.data.simulators import simulate_plant
 
-CHANNELS = ["ambient_pressure", "ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]
+CHANNELS = [
+    "ambient_pressure",
+    "ambient_temperature",
+    "supply_voltage",
+    "dynamic_temperature",
+    "dynamic_pressure",
+]
 FAULTS = {  # series -> (fault, its length in steps, the sensors it concerns)
     0: ("spike", 3, ("dynamic_pressure",)),
     1: ("stuck", 300, ("dynamic_temperature",)),
@@ -69,7 +75,7 @@ def normal_split(table: pd.DataFrame, test_fraction: float = 0.3, val_fraction: 
     """(train, val, test) rows of each series: the first (1 - test_fraction) are normal, of which the
     last `val_fraction` share is held out for validation."""
     parts: dict[str, list] = {"train": [], "val": [], "test": []}
-    for _, rows in table.groupby("series_id", sort=False).indices.items():
+    for rows in table.groupby("series_id", sort=False).indices.values():
         n_normal = round((1.0 - test_fraction) * len(rows))
         n_train = round((1.0 - val_fraction) * n_normal)
         parts["train"].append(rows[:n_train])
