@@ -13,16 +13,17 @@ is read) and measures on the held-out normal `val` rows how large each channel's
   sensors, shows against what the rest of the window says it should read). Training hides geometric
   runs (`mask_ratio`, `mask_mean_length`) and, in half of the windows, one channel over a block of
   N/4 to N steps: what scoring asks of the model. A value's error is the mean over every window
-  covering it, per kind of mask; the two kinds are averaged.
+  covering it, per kind of mask.
 - `forecast` (the decoder-only family with a Gaussian head, one step ahead): step t is predicted from
   the `context_len` - 1 rows before it alone (the first rows of a series from the rows they have), and
   its surprise is the squared standardised residual ((y - mean) / sd)^2 of each channel, the part of
   the negative log likelihood that does not depend on how noisy the sensor is. A score never uses a
   later row (streaming). The first row of a series has no past: its score is 0.
 
-Each channel's raw error is divided by its 99th percentile on the validation rows (so 1 is a
-channel's 1-in-100 error on normal rows, whatever its units, noise and tails), and the score of a row is the mean of its channels'
-contributions. Values enter the network standardised by the train rows' mean and sd per channel;
+Each kind of error (masked: the runs and the channel halves; forecast: the surprise) of each channel
+is divided by its 99th percentile on the validation rows (so 1 is a channel's 1-in-100 error of that
+kind on normal rows, whatever its units, noise and tails); the larger kind is the channel's
+contribution, and the score of a row is the mean of its channels' contributions. Values enter the network standardised by the train rows' mean and sd per channel;
 never per window: a level that drifted away is what a detector must see.
 """
 
@@ -90,6 +91,8 @@ class DetectorSettings:
         if unknown:
             raise ValueError(f"anomaly detector: unknown setting(s) {unknown}; known: {sorted(known)}")
         out = cls(**settings)
+        if out.steps < 20:  # the learning-rate schedule's warmup needs a few steps
+            raise ValueError(f"anomaly.settings.steps={out.steps}: at least 20 optimiser steps")
         if out.context_len < 2:
             raise ValueError(f"anomaly.context_len={out.context_len}: a window needs at least 2 steps")
         return out
@@ -145,7 +148,7 @@ class AnomalyDetector:
         self.loc = np.zeros(len(channels))
         self.scale = np.ones(len(channels))
         # each channel's 99th percentile raw error on the validation rows
-        self.error_scale = np.ones(len(channels))
+        self.error_scale = np.ones((1, len(channels)))  # (K, C)
         self.val_scores = np.zeros(0)  # validation rows' scores: what alarms are calibrated on
         self.val_loss = float("nan")  # the training loss on the validation rows: to choose settings
         self.net: torch.nn.Module
@@ -199,8 +202,8 @@ class AnomalyDetector:
         self.net.load_state_dict(best_state)
         self.net.eval()
         self.val_loss = best_loss
-        raw = self.raw_errors(val)  # (T_val, C): the channels' usual errors on normal rows
-        self.error_scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=0), MIN_SPREAD)
+        raw = self.raw_errors(val)  # (K, T_val, C): the channels' usual errors on normal rows
+        self.error_scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=1), MIN_SPREAD)  # (K, C)
         self.val_scores = self.score(val).score
         return self
 
@@ -220,19 +223,24 @@ class AnomalyDetector:
     # -- score ------------------------------------------------------------------------------------
 
     def raw_errors(self, table: pd.DataFrame) -> np.ndarray:
-        """Each row's raw error per channel `(T, C)`, in the table's row order."""
-        out = np.zeros((len(table), len(self.channels)))
+        """Each row's raw error per kind of error and channel `(K, T, C)`, in the table's row order."""
+        out = np.zeros((self.n_kinds, len(table), len(self.channels)))
         series = self.standardised(table)
         for values, rows in zip(series, series_rows(table).values(), strict=True):
-            out[rows] = self.series_errors(values)
+            out[:, rows] = self.series_errors(values)
         return out
+
+    @property
+    def n_kinds(self) -> int:
+        return 1
 
     def series_errors(self, values: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     def score(self, table: pd.DataFrame) -> Scores:
         check_table(table, self.channels, self.settings.context_len)
-        contributions = self.raw_errors(table) / self.error_scale  # (T, C), 1 = a 1-in-100 error
+        # (T, C): each kind of error in its 1-in-100 validation error, the largest kind counts
+        contributions = (self.raw_errors(table) / self.error_scale[:, None, :]).max(axis=0)
         return Scores(contributions.mean(axis=1), contributions, self.channels)
 
 
@@ -295,8 +303,8 @@ class MaskedDetector(AnomalyDetector):
         windows = torch.from_numpy(np.stack([values[a : a + N] for a in starts]))  # (W, N, C)
         masks = self.scoring_masks()
         kinds = [masks[: s.n_masks], masks[s.n_masks :]] if s.channel_out else [masks]
-        total = np.zeros((T, C))
-        for kind in kinds:  # runs, channels out: each value hidden once per kind and window
+        total = np.zeros((len(kinds), T, C))
+        for k, kind in enumerate(kinds):  # runs, channels out: each value hidden once per kind and window
             err = torch.zeros_like(windows)  # (W, N, C)
             for chunk in torch.split(torch.arange(len(windows)), 256):
                 x = windows[chunk]
@@ -308,8 +316,12 @@ class MaskedDetector(AnomalyDetector):
             for w, a in enumerate(starts):  # every window covering a step: the mean
                 summed[a : a + N] += err[w].numpy()
                 count[a : a + N] += 1
-            total += summed / count
-        return total / len(kinds)
+            total[k] = summed / count
+        return total  # (K, T, C)
+
+    @property
+    def n_kinds(self) -> int:
+        return 2 if self.settings.channel_out else 1
 
 
 class ForecastDetector(AnomalyDetector):
@@ -348,7 +360,7 @@ class ForecastDetector(AnomalyDetector):
             windows = torch.stack([x[e - N + 1 : e + 1] for e in chunk])  # (b, N, C)
             params = self.params(windows)[:, -1:]  # (b, 1, C, 2): the last step only
             out[chunk] = self.surprise(params, windows[:, -1:])[:, 0]
-        return out
+        return out[None]  # (1, T, C): one kind of error
 
     @staticmethod
     def surprise(params: torch.Tensor, target: torch.Tensor) -> np.ndarray:

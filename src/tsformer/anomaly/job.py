@@ -111,7 +111,7 @@ class AnomalyModel:
             config["channels"], DetectorSettings(**config["settings"]), config["seed"]
         )
         detector.loc, detector.scale = np.asarray(config["loc"]), np.asarray(config["scale"])
-        detector.error_scale = np.asarray(config["error_scale"])
+        detector.error_scale = np.asarray(config["error_scale"]).reshape(-1, len(detector.channels))
         detector.val_loss = config["val_loss"]
         detector.net.load_state_dict(torch.load(folder / WEIGHTS_FILE, weights_only=True))
         detector.net.eval()
