@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from tsformer.anomaly.job import AnomalyModel
+from tsformer.anomaly.job import AnomalyModel, split_at
 from tsformer.anomaly.plant import CHANNELS, simulate_plant_anomaly
 from tsformer.train import compose_config, run
 
@@ -57,6 +57,12 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
                                     "top_channels"]  # fmt: skip
     assert set(events["event_id"]) == set(rows["event_id"].dropna().astype(int))
     assert {"event_recall", "false_alarms_per_1000", "val_loss"} <= set(result.metrics)
+    # the model folder scores the judged rows as the run did
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5)
+    _, judged = split_at(table, 0.5, "time")
+    again = AnomalyModel.load(result.model_folder).judge(judged)[0]
+    np.testing.assert_allclose(again["score"], rows["score"], rtol=1e-6)
+    assert (again["event_id"].fillna(-1).to_numpy() == rows["event_id"].fillna(-1).to_numpy()).all()
 
     import mlflow
 
