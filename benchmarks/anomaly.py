@@ -29,8 +29,8 @@ the sliding window from the scored rows' first channel).
   threshold-free metrics come from its fit on all the train rows; its alarm metrics from this second
   fit. With 80-300 validation rows per file, a rate below about 1/rows means "above the largest
   validation score".)
-- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest, the random score and the detector; T² and
-  PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
+- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest and the random score (seed x 10,000 + the
+  file's index) and the detector (the seed itself); T² and PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
 - Times: fit and score seconds (the whole table, every row) summed over files, mean over seeds, and as
   a ratio to IsolationForest's in the same run.
 
@@ -150,10 +150,13 @@ def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -
     return out | {"fit_s": fit_s, "score_s": score_s}
 
 
-def methods(args, seed: int) -> dict:
-    """name -> a maker of a fresh, unfitted method, for one seed."""
-    names = [b.name for b in baselines(seed)]
-    makers = {name: (lambda i=i: Baseline(baselines(seed)[i])) for i, name in enumerate(names)}
+def methods(args, seed: int, file_index: int) -> dict:
+    """name -> a maker of a fresh, unfitted method, for one seed and file. The baselines' seed is
+    seed x 10,000 + the file's index, so that files do not share one random stream (with one stream,
+    every SKAB run's random score had the same validation rows, hence the same threshold)."""
+    names = [b.name for b in baselines()]
+    file_seed = seed * 10_000 + file_index
+    makers = {name: (lambda i=i: Baseline(baselines(file_seed)[i])) for i, name in enumerate(names)}
     if args.method != "none":
         makers[f"ours ({args.method})"] = lambda: Detector(args.method, seed, args.settings)
     return makers
@@ -164,9 +167,9 @@ def run_dataset(name: str, args) -> pd.DataFrame:
     runs = datasets.DATASETS[name](args.data)[: args.files or None]
     extra = datasets.skab_anomaly_free(args.data) if name == "skab" and args.skab_anomaly_free else None
     rows = []
-    for run in runs:
+    for index, run in enumerate(runs):
         for i, seed in enumerate(args.seeds):
-            for method, make in methods(args, seed).items():
+            for method, make in methods(args, seed, index).items():
                 if i > 0 and method in ("hotelling_t2", "pca_residual"):
                     continue  # no randomness: the first seed's figures stand for every seed
                 rows.append(
@@ -211,7 +214,6 @@ def per_file(rows: pd.DataFrame, published: pd.DataFrame | None) -> list[str]:
     table = rows.groupby(["file", "method"])["vus_pr"].mean().unstack("method")
     order = rows.groupby("method")["vus_pr"].mean().sort_values(ascending=False).index
     table = table[list(order)]
-    shown = []
     if published is not None:
         shown = [c for c in PUBLISHED_SHOWN if c in published.columns]
         table = table.join(published[shown].rename(columns=lambda c: f"{c} (published)"))
@@ -308,6 +310,11 @@ def main() -> None:
         parser.exit(2, f"error: --data {args.data}: no such folder (see ../shared/data/anomaly/SOURCE.md)\n")
     if not 0 < args.false_alarm_rate < 1 or not 0 < args.val_fraction < 1:
         parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
+    if args.method != "none":
+        try:
+            import tsformer.anomaly.detector  # noqa: F401
+        except ImportError as e:
+            parser.exit(2, f"error: --method {args.method} needs tsformer.anomaly.detector ({e})\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in args.datasets:
         text = report(name, run_dataset(name, args), args, stamp)

@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from tsformer import predict
-from tsformer.classification_outputs import write_outputs
-from tsformer.classifier import Classifier, is_classifier_folder, save_classifier_folder
+from tsformer.classifier import Classifier, save_classifier_folder
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.forecaster import ModelInfo
+from tsformer.jobs import JOBS, job_of_folder
+from tsformer.jobs.classification import write_outputs
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask, summary_features
 from tsformer.train import build_task, compose_config
@@ -200,7 +201,7 @@ def test_model_folder_and_predict_py_give_the_tasks_probabilities(tmp_path, caps
     dm.setup()
     model = ClassificationTask(NET, dm.d_in, dm.classes).eval()
     folder = save_classifier_folder(tmp_path / "model", model, dm, ModelInfo("enc_only_classifier", "x"))
-    assert is_classifier_folder(folder)
+    assert job_of_folder(folder) is JOBS["classification"]
     with torch.no_grad():
         expected = torch.cat([model.predict_proba(b) for b in dm.test_dataloader()]).numpy()
     test_csv = tmp_path / "test.csv"

@@ -18,7 +18,7 @@ import torch
 from conftest import TINY
 from tsformer.data.features import Affine
 from tsformer.forecaster import DataContract, Forecaster, ModelInfo
-from tsformer.imputation import fill_windows, impute, window_of
+from tsformer.jobs.imputation import fill_windows, impute, window_of
 from tsformer.predict import main as predict_main
 from tsformer.tasks.masked import MaskedFillIn
 
@@ -151,8 +151,8 @@ def trained(tmp_path_factory):
 def test_predict_impute_end_to_end(trained, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from tsformer.callbacks import WINDOW_MSE
     from tsformer.data import simulate_plant
+    from tsformer.jobs.forecasting import WINDOW_MSE
 
     result, folder, summary = trained
     assert {"test/mse", "test/baseline_mse", "test/mae_orig"} <= set(result.metrics)

@@ -85,9 +85,9 @@ def test_warmup_cosine_warms_up_per_step_then_decays_to_the_floor():
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ({"lr_schedule": "cosine"}, "model.lr_schedule='cosine' is not one of warmup_cosine, epoch_decay"),
-        ({"lr_schedule": "epoch_decay", "lr_decay": 1.5}, "model.lr_decay=1.5 must be in"),
-        ({"lr_schedule": "epoch_decay", "lr_hold_epochs": -1}, "model.lr_hold_epochs=-1 >= 0"),
+        ({"lr_schedule": "cosine"}, "model.lr_schedule: 'cosine' is not one of warmup_cosine, epoch_decay"),
+        ({"lr_schedule": "epoch_decay", "lr_decay": 1.5}, "model.lr_decay: 1.5 must be in (0, 1]"),
+        ({"lr_schedule": "epoch_decay", "lr_hold_epochs": -1}, "model.lr_hold_epochs: -1 must be >= 0"),
     ],
 )
 def test_bad_schedule_settings_are_named(setting, message):

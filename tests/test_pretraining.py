@@ -15,7 +15,7 @@ from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.data.simulators import simulate_plant_regimes
 from tsformer.forecaster import WEIGHTS_FILE
-from tsformer.pretraining_outputs import fine_tune_command
+from tsformer.jobs.pretraining import fine_tune_command
 from tsformer.settings import SettingError, check
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining

@@ -122,9 +122,11 @@ def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
     assert out_dirs[0].parent == out_dirs[1].parent and out_dirs[0].name[:8] == out_dirs[1].name[:8]
     assert out_dirs[0] != out_dirs[1]
     assert sorted(p.name for p in (folder / "outputs").glob("*/*")) == sorted(d.name for d in out_dirs)
-    # <family>-<data file stem>-<start time>-<the folder's tag>: two names, each naming its folder
+    # <job>-<family>-<data file stem>-<start time>-<the folder's tag>: two names, each naming its folder
     names = {r.info.run_name for r in runs}
-    assert len(names) == 2 and all(re.fullmatch(r"enc_dec-plant-\d{6}-[0-9a-f]{6}", n) for n in names), names
+    assert len(names) == 2 and all(
+        re.fullmatch(r"forecasting-enc_dec-plant-\d{6}-[0-9a-f]{6}", n) for n in names
+    ), names
     assert {n[-6:] for n in names} == {d.name[-6:] for d in out_dirs}
 
     forecasts = {}
@@ -153,7 +155,7 @@ def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
 
 
 def test_the_printed_predict_command_works_as_shown_without_the_environment_active(two_runs, tmp_path):
-    folder, outputs = two_runs
+    _, outputs = two_runs
     stdout = outputs[SEEDS[0]]
     (line,) = [line for line in stdout.splitlines() if line.startswith("forecast new data: ")]
     run_id = re.search(r"MLflow run id: ([0-9a-f]{32})", stdout).group(1)
@@ -161,14 +163,16 @@ def test_the_printed_predict_command_works_as_shown_without_the_environment_acti
     own = pd.read_csv(out_dir / "forecasts.csv", parse_dates=["origin_time"])
     future_table(own.origin_time.max(), int(own.step.max())).to_csv(tmp_path / "new.csv", index=False)
     command = line.removeprefix("forecast new data: ")
-    assert run_id in command
+    assert (
+        run_id in stdout and shlex.quote(str(out_dir / "model")) in command
+    )  # the folder: no database needed
     command = command.replace("<table.csv>", shlex.quote(str(tmp_path / "new.csv")))
     command = command.replace("forecasts.csv", shlex.quote(str(tmp_path / "printed.csv")))
-    # a shell as a user has it before `source .venv/bin/activate`: no venv on PATH
+    # a shell as a user has it before `source .venv/bin/activate`, in another folder: no venv on PATH
     env = {k: v for k, v in clean_env().items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env["PATH"] = "/usr/bin:/bin"
     proc = subprocess.run(
-        command, shell=True, cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False
+        command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == 0, (command, proc.stderr[-3000:])
     assert (tmp_path / "printed.csv").exists()
@@ -185,7 +189,7 @@ def test_summary_says_what_the_baseline_and_the_units_are(two_runs):
 
 BAD_SETTINGS = {
     "data.batch_size=0": "data.batch_size=0",
-    "model.lr=-1": "model.lr=-1",
+    "model.lr=-1": "model.lr: -1",
     "data.eval_stride=0": "data.eval_stride=0",
     "seed=abc": "seed=abc",
     "data.val_fraction=0.6": "data.val_fraction=0.6 and data.test_fraction=0.5",

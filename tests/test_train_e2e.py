@@ -18,13 +18,14 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from tsformer.callbacks import WINDOW_MSE
+from tsformer.jobs.forecasting import WINDOW_MSE
 from tsformer.train import compose_config
 
 # every test here trains through train.py (or reads a module fixture that does)
 pytestmark = pytest.mark.slow
 
 FAMILIES = ["enc_only", "dec_only", "enc_dec"]
+JOB_OF = {"enc_only": "reconstruction", "dec_only": "forecasting", "enc_dec": "forecasting"}
 METRICS = [
     "train/loss",
     "val/loss",
@@ -55,8 +56,9 @@ def test_train_py_end_to_end(family, in_tmp):
     (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
-    assert re.fullmatch(rf"{family}-plant-\d{{6}}-[0-9a-f]{{6}}", run.info.run_name), run.info.run_name
-    assert run.data.tags["family"] == family and run.data.tags["dataset"] == "plant"
+    job = JOB_OF[family]  # enc_only reconstructs
+    assert re.fullmatch(rf"{job}-{family}-plant-\d{{6}}-[0-9a-f]{{6}}", run.info.run_name), run.info.run_name
+    assert (run.data.tags["family"], run.data.tags["dataset"], run.data.tags["job"]) == (family, "plant", job)
     assert run.data.tags["git_commit"]
     assert run.data.params["model/net/d_model"] == "16"
     for name in METRICS:

@@ -5,9 +5,8 @@ Built once from the run's config (`train.run`), it
   the loggers, in the first process only (under DDP the others would race creating the database);
 - opens the MLflow run when the fit starts (config, tags, `n_params`) or reopens a resumed one;
 - logs `fit/seconds` and `fit/steps` when the fit ends;
-- logs the outputs after the test (`log_outputs`: forecasts, the fitted feature pipeline
-  `scalers/features.json`, best checkpoint, figures, each test window's MSE, the pyfunc model) and
-  ends the run FINISHED;
+- logs the outputs after the test (`log_outputs`: the CSV, best checkpoint, what the run's job logs
+  (`tsformer.jobs`: figures, metrics), the pyfunc model) and ends the run FINISHED;
 - ends it KILLED (SIGTERM, Ctrl+C: `resume.stopped_on_request`) or FAILED on any error raised inside
   `recording()`. Lightning's `on_exception` cannot do this: Lightning calls it before its own
   `logger.finalize("failed")`, which would turn KILLED into FAILED, and it never sees the errors
@@ -21,22 +20,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
-from tsformer.data.features import FeaturePipeline
-from tsformer.export import forecasts_frame, mae_by_step, select_levels, write_json
-from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
-from tsformer.tasks.probabilistic import BAND_LEVELS
 
 log = logging.getLogger(__name__)
-
-WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled units), in window order
 
 
 class MLflowRun(Callback):
@@ -85,25 +76,28 @@ class MLflowRun(Callback):
 
     # -- after the test ---------------------------------------------------------------------------
 
-    def log_outputs(self, task, datamodule, outputs, best_ckpt: str) -> None:
-        """Log the run's outputs (`train.RunOutputs`) and end the run FINISHED (no MLflow run: nothing)."""
+    def log_outputs(self, job, task, datamodule, outputs, best_ckpt: str) -> None:
+        """Log the run's outputs (`jobs.RunOutputs`: its CSV and paths; the best checkpoint, the job's
+        own metrics and figures, and its model) and end the run FINISHED (no MLflow run: nothing)."""
         if not self.opened:
             return
-        tested = task.test_outputs  # pred, true, valid, baseline arrays in window order
         files = [("forecasts", f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
-        files += _scaler_files(datamodule.features, Path(self.cfg.paths.output_dir) / "scalers")
         if best_ckpt:
             files.append(("checkpoints", Path(best_ckpt)))
         tracking.log_files(self.logger, files)
-        client, run_id = self.logger.experiment, self.logger.run_id
-        client.log_metric(run_id, "test/n_windows", len(tested["pred"]))
-        window_mse = datamodule.window_info("test").assign(mse=_window_mse(tested))
-        client.log_text(run_id, window_mse.to_csv(index=False), WINDOW_MSE)
-        self._log_figures(task, datamodule)
-        registry_name = (self.cfg.get("model_registry") or {}).get("name")
-        tracking.log_pyfunc_model(
-            self.logger, outputs.model_folder, outputs.example, outputs.example_forecasts, registry_name
-        )
+        job.log_outputs(self.logger, self.cfg, task, datamodule, outputs)
+        if outputs.example is None:  # no pyfunc model: the folder as the run's artifacts `model`
+            self.logger.experiment.log_artifacts(self.logger.run_id, str(outputs.model_folder), "model")
+        else:
+            registry_name = (self.cfg.get("model_registry") or {}).get("name")
+            tracking.log_pyfunc_model(
+                self.logger,
+                outputs.model_folder,
+                outputs.example,
+                outputs.example_forecasts,
+                registry_name,
+                optional_inputs=outputs.optional_inputs,
+            )
         tracking.end_run(self.logger, "FINISHED")
 
     @contextmanager
@@ -124,7 +118,7 @@ class MLflowRun(Callback):
         from tsformer import sweep  # sweep.py imports tracking, as this module does
 
         tags = {
-            "family": task.family,
+            "family": task.family,  # the network's; `job` (in self.tags) says what it does
             "dataset": trainer.datamodule.name,
             "git_commit": tracking.git_commit(),
         }
@@ -138,32 +132,6 @@ class MLflowRun(Callback):
         n_params = sum(p.numel() for p in task.net.parameters())
         self.logger.experiment.log_param(self.logger.run_id, "n_params", n_params)
 
-    def _log_figures(self, task, datamodule) -> None:
-        """Test windows, error by step, attention and (distribution heads) the fan chart, drawn from
-        the test arrays without the CSV-sized frame."""
-        tested = task.test_outputs
-        n_plot = self.cfg.n_plot_windows
-        shown = _plot_windows(len(tested["pred"]), n_plot)
-        windows = forecasts_frame(
-            datamodule, "test", tested["pred"], tested["true"], tested["valid"], windows=shown
-        )
-        reconstruction = datamodule.horizon == 0  # the figures say "reconstruction", not "forecast"
-        history = _history(datamodule)
-        figures = {
-            "plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction)
-        }
-        model_mae = mae_by_step(datamodule, tested["pred"], tested["true"], tested["valid"])
-        baseline_mae = mae_by_step(datamodule, tested["baseline"], tested["true"], tested["valid"])
-        figures["plots/error_by_step.png"] = error_by_step_figure(model_mae, baseline_mae, reconstruction)
-        for name, fig in figures.items():
-            tracking.log_figure(self.logger, fig, name)
-        tracking.log_figure(self.logger, attention_figure(task, datamodule), "plots/attention.png")
-        if task.head.probabilistic:
-            quantiles = select_levels(tested["quantiles"], task.report_levels, BAND_LEVELS)
-            args = (tested["pred"], tested["true"], tested["valid"], quantiles, BAND_LEVELS)
-            bands = forecasts_frame(datamodule, "test", *args, windows=shown)
-            tracking.log_figure(self.logger, fan_chart_figure(bands, history, n_plot), "plots/fan_chart.png")
-
 
 def _fill_in_loggers(cfg: DictConfig, run_name: str, resumed: resume.Resume | None) -> None:
     """The logger entries' run name where unset, sqlite URIs made absolute, a resumed run's id."""
@@ -175,31 +143,3 @@ def _fill_in_loggers(cfg: DictConfig, run_name: str, resumed: resume.Resume | No
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
                 if resumed is not None:
                     entry.run_id = resumed.run_id
-
-
-def _scaler_files(features: FeaturePipeline, folder: Path) -> list[tuple[str, Path]]:
-    """The fitted feature pipeline (scalers as numbers, vocabularies) as `folder`/features.json:
-    (artifact folder, local file) pairs."""
-    path = write_json(features.to_dict(), folder / "features.json")
-    return [("scalers", path)]
-
-
-def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
-    """`(W,)`: the squared error of each test window averaged over its valid steps and variables (a
-    masked fill-in run predicts its hidden values only: its other y_pred are NaN and not counted)."""
-    sq = (outputs["pred"] - outputs["true"]) ** 2  # (W, T, Dy)
-    scored = outputs["valid"][..., None] & ~np.isnan(sq)
-    return np.where(scored, sq, 0.0).sum(axis=(1, 2)) / np.maximum(scored.sum(axis=(1, 2)), 1)
-
-
-def _plot_windows(n_windows: int, n_plot: int) -> np.ndarray:
-    """Indices of the test windows the figures show: `n_plot` spread evenly over the test period."""
-    return np.linspace(0, n_windows - 1, min(n_plot, n_windows)).round().astype(int)
-
-
-def _history(datamodule) -> pd.DataFrame:
-    """The validated data with the columns `series_id`, `time` and the targets, for the figures."""
-    history = datamodule.frame.rename(columns={datamodule.schema.time_col: "time"})
-    if datamodule.schema.series_col:
-        return history.rename(columns={datamodule.schema.series_col: "series_id"})
-    return history.assign(series_id=0)

@@ -3,8 +3,9 @@
 The folder has the files of a forecasting model folder (`tsformer.forecaster`): `tsformer.json` (the
 task class, its hyperparameters with the class names, the data contract below, the channel scaler
 as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
-needs only the installed package; `predict.py` and the pyfunc model dispatch on the task class
-written in `tsformer.json` (`is_classifier_folder`). An encoder pre-trained on such sequences
+needs only the installed package (`tsformer.model_folder` reads and checks the folder; `FOLDER` says
+what this kind holds); `predict.py` and the pyfunc model find its job by the task class written in
+`tsformer.json` (`jobs.job_of_folder`). An encoder pre-trained on such sequences
 (`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
 
 The table is laid out as the training data (`tsformer.data.sequences`):
@@ -18,31 +19,24 @@ Output columns: `series_id`, [`window_end_time`], `y_true` (the table's label, e
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from pandas.tseries.frequencies import to_offset
 
+from tsformer import model_folder
 from tsformer.data.features import Affine
-from tsformer.data.schema import SeriesSchema, find_segments, resolve_freq
+from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolve_freq
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
-from tsformer.export import _write_atomically
-from tsformer.forecaster import (
-    CONFIG_FILE,
-    RESTORE,
-    WEIGHTS_FILE,
-    Forecaster,
-    ModelFolderError,
-    ModelInfo,
-    _load_weights,
-    _plain,
-)
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
+from tsformer.tasks.classification import ClassificationTask
+from tsformer.tasks.pretraining import MaskedPretraining
 
 log = logging.getLogger(__name__)
 
@@ -82,34 +76,96 @@ def contract_of(datamodule) -> SequenceContract:
     return SequenceContract(
         layout="stream", series_col=schema.series_col, label_col=datamodule.label_col,
         time_col=schema.time_col, context_len=datamodule.context_len, freq=windows.freq.freqstr,
-        time_format=schema.time_format, csv=dict(windows.csv), **common,
+        time_format=getattr(windows, "time_format_used", schema.time_format), csv=dict(windows.csv), **common,
     )  # fmt: skip
 
 
 def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder`, each file atomically."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    task_class = type(task)
-    config = {
-        "format": FORMAT,
-        "task_class": f"{task_class.__module__}.{task_class.__qualname__}",
-        "hparams": _plain(dict(task.hparams)),
-        "data": asdict(contract_of(datamodule)),
-        "info": asdict(info),
-    }
-    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
-    state = {k: v.detach().cpu() for k, v in task.state_dict().items()}
-    _write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
-    return folder
+    return model_folder.write(folder, FOLDER, task, contract_of(datamodule), info)
 
 
-def is_classifier_folder(folder: str | Path) -> bool:
-    """Whether the model folder's `tsformer.json` holds a classifier (else: a forecasting model)."""
-    try:
-        return json.loads((Path(folder) / CONFIG_FILE).read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False  # the forecaster's loader names what is wrong with the file
+# -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
+
+
+@dataclass
+class ClassifierConfig:
+    """A classifier's `tsformer.json`: every key of it and of its parts is written, and required when read."""
+
+    format: str
+    task_class: str  # module.qualname of a tsformer classification (or pre-training) task
+    hparams: dict
+    data: SequenceContract
+    info: ModelInfo
+
+
+def _check_format(config: dict, path: Path) -> None:
+    if config.get("format") != FORMAT:
+        raise ModelFolderError(
+            f"{path}: format {config.get('format')!r}, this tsformer reads classifier folders of format "
+            f"{FORMAT!r}: train the model again, or load it with the tsformer that wrote it"
+        )
+
+
+def _contract_from_dict(data: dict) -> SequenceContract:
+    return SequenceContract(**{**data, "channel_scaler": Affine(**data["channel_scaler"])})
+
+
+def _contract_problems(c: SequenceContract, hparams: dict):
+    """What `predict` would trip over: counts that follow from the channels and classes, ranges."""
+    n = len(c.channel_cols)
+    if not c.channel_cols or len(set(c.channel_cols)) != n:
+        yield f"data.channel_cols is {c.channel_cols}, expected distinct column names"
+    for part in ("scale", "offset"):
+        numbers = getattr(c.channel_scaler, part)
+        if len(numbers) != n:
+            yield f"data.channel_scaler.{part} has {len(numbers)} number(s), one per channel of {c.channel_cols} expected"
+        if not all(math.isfinite(v) for v in numbers):
+            yield f"data.channel_scaler.{part} is {numbers}, expected finite numbers"
+    if min(c.channel_scaler.scale, default=1) <= 0:
+        yield f"data.channel_scaler.scale is {c.channel_scaler.scale}, expected numbers above 0"
+    if len(c.classes) < 2 or len(set(c.classes)) != len(c.classes):
+        yield f"data.classes is {c.classes}, expected two or more distinct classes"
+    if hparams.get("classes") is not None and hparams["classes"] != c.classes:
+        yield f"hparams.classes is {hparams['classes']!r}, but data makes it {c.classes!r}"
+    if hparams.get("d_in") != n:
+        yield f"hparams.d_in is {hparams.get('d_in')!r}, but data makes it {n} (its channel_cols)"
+    yield from _layout_problems(c)
+
+
+def _layout_problems(c: SequenceContract):
+    least = 1 if c.layout == "stream" else 0  # sequences: each its own length (0)
+    if c.context_len < least:
+        yield f"data.context_len is {c.context_len}, expected a whole number of at least {least}"
+    if c.layout == "sequences":
+        if not (c.series_col and c.step_col):
+            yield "data.series_col and data.step_col must name the columns of labelled sequences"
+    elif c.layout == "stream":
+        if not c.time_col:
+            yield "data.time_col must name the time column of a stream"
+        try:
+            fixed_step(to_offset(c.freq))
+        except (ValueError, TypeError) as err:  # DataValidationError is a ValueError
+            yield f"data.freq {c.freq!r} is not a fixed pandas frequency ({first_line(err)})"
+    else:
+        yield f"data.layout is {c.layout!r}, expected 'sequences' or 'stream'"
+
+
+def _check_contract(c: SequenceContract, hparams: dict, path: Path) -> None:
+    problem = next(_contract_problems(c, hparams), None)
+    if problem is not None:
+        raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
+
+
+FOLDER = FolderKind(
+    name="classifier",
+    schema=ClassifierConfig,
+    tasks=(ClassificationTask, MaskedPretraining),
+    header=lambda: {"format": FORMAT},
+    check_header=_check_format,
+    contract_of=_contract_from_dict,
+    check_contract=_check_contract,
+)
 
 
 class Classifier:
@@ -122,20 +178,8 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        folder = Path(folder)
-        path = folder / CONFIG_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing")
-        try:
-            config = json.loads(path.read_text())
-            contract = SequenceContract(**config["data"])
-            contract.channel_scaler = Affine(**config["data"]["channel_scaler"])
-            info = ModelInfo(**config["info"])
-        except (OSError, ValueError, TypeError, KeyError) as err:
-            raise ModelFolderError(f"{path}: not a classifier's {CONFIG_FILE} ({err}): {RESTORE}") from err
-        task = _build_classifier(config.get("task_class"), config.get("hparams"), path)
-        _load_weights(task, folder / WEIGHTS_FILE)
-        return cls(task, contract, info)
+        """The model in `folder`, checked (`model_folder.read`)."""
+        return cls(*model_folder.read(folder, FOLDER))
 
     @property
     def classes(self) -> list[str]:
@@ -210,36 +254,6 @@ class Classifier:
                 unknown,
                 self.classes,
             )
-
-
-def load_model(folder: str | Path) -> Forecaster | Classifier:
-    """The model of a model folder, by the task its `tsformer.json` names: predict.py and the pyfunc
-    model take either, through the same `predict(table, origin=, source=, time_format=)`."""
-    if is_classifier_folder(folder):
-        return Classifier.load(folder)
-    return Forecaster.load(folder)
-
-
-def _build_classifier(task_class_name, hparams, path: Path):
-    """The (untrained) classification task `tsformer.json` names, from its hparams."""
-    from tsformer.tasks.classification import ClassificationTask
-    from tsformer.tasks.pretraining import MaskedPretraining
-
-    module, _, name = str(task_class_name).rpartition(".")
-    task_class = None
-    if module.startswith("tsformer."):
-        try:
-            task_class = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            pass
-    if not (isinstance(task_class, type) and issubclass(task_class, (ClassificationTask, MaskedPretraining))):
-        raise ModelFolderError(f"{path}: task_class {task_class_name!r} is no classifier of this tsformer")
-    try:
-        return task_class(**hparams)
-    except Exception as err:  # the code is known good: what fails here is the file's hparams
-        raise ModelFolderError(
-            f"{path}: hparams do not build a {name} ({type(err).__name__}: {err}): {RESTORE}"
-        ) from err
 
 
 def classes_frame(info: pd.DataFrame, proba: np.ndarray, classes: list[str], labels=None) -> pd.DataFrame:

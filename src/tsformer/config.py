@@ -35,16 +35,11 @@ def config_dir() -> Path:
 
 
 def command_line(script: str, *args: str) -> str:
-    """The command running `script` ("train" or "predict") with `args`, as a user can paste it: the
-    interpreter running now (where tsformer is installed, its environment active or not), then
-    `<script>.py` of the checkout or, installed, `-m tsformer.<script>`; paths inside the current
-    folder relative to it. `args` are written as given (placeholders such as `<run id>` included)."""
-
-    def shown(path) -> str:
-        relative = os.path.relpath(path)
-        return shlex.quote(relative if not relative.startswith("..") else str(path))
-
+    """The command running `script` ("train" or "predict") with `args`, as a user can paste it in any
+    folder, whatever PATH and environment are active: the interpreter running now (where tsformer is
+    installed) and `<script>.py` of the checkout or, installed, `-m tsformer.<script>`, both by absolute
+    path. `args` are written as given (placeholders such as `<run id>` included)."""
     root = checkout_root()
-    runs = shown(root / f"{script}.py") if root else f"-m tsformer.{script}"
+    runs = shlex.quote(str(root / f"{script}.py")) if root else f"-m tsformer.{script}"
     # sys.executable unresolved: a virtual environment's python is a link to the base interpreter
-    return " ".join([shown(sys.executable), runs, *args])
+    return " ".join([shlex.quote(os.path.abspath(sys.executable)), runs, *args])

@@ -1,18 +1,15 @@
-"""A trained model as a self-contained folder, and forecasts of the real future from a new table.
+"""A trained forecasting (or reconstruction, masked fill-in) model, and forecasts of the real future
+from a new table.
 
-Training writes the folder with `save_model_folder` (train.py does it for every run):
-- `tsformer.json`: the task class and its hyperparameters (network sizes, window), the data contract:
-  training's feature pipeline (`data/features.py`: column roles, calendar features, the scalers
-  fitted on the train rows as plain numbers, static vocabularies; `predict` builds its batches with
-  it, as training did), the series column, frequency, window and how the training file was written
-  (time format, CSV options);
-- `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
-Nothing in it is pickled Python and nothing refers to Hydra or to `conf/`: `Forecaster.load(folder)`
-needs only the installed package. It checks the folder before using it: every key and type of
-`tsformer.json` (`ModelConfig`), every list whose length follows from the column roles (scaler
-numbers, static vocabularies) and the network's sizes against the data contract, and every weight's
-name and shape against the network; a damaged folder is refused with one line naming the file
-(`ModelFolderError`).
+Training writes its model folder with `save_model_folder` (`tsformer.model_folder`: `tsformer.json`
+and `weights.pt`, read and checked in one place). This module says what the folder holds for a window
+model: the task class and its hyperparameters (network sizes, window) and the data contract
+(`DataContract`: training's feature pipeline, `data/features.py`: column roles, calendar features, the
+scalers fitted on the train rows as plain numbers, static vocabularies; `predict` builds its batches
+with it, as training did; the series column, frequency, window and how the training file was written:
+the time format it was read with, given or inferred, and the CSV options), and checks its values
+(`_check_contract`: every list whose length follows from the column roles, the network's sizes
+against the data contract, scales above 0, a fixed frequency).
 
 `Forecaster.predict(table)` takes what a user has at forecast time, in the layout of the training
 data: per series the observed history and, after it, rows for the future steps whose target cells are
@@ -29,16 +26,10 @@ windows tile each gap-free run of rows; the last one is aligned to the run's end
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import inspect
 import itertools
-import json
 import logging
 import math
-import types
-import typing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,18 +37,26 @@ import pandas as pd
 import torch
 from pandas.tseries.frequencies import to_offset
 
+from tsformer import model_folder
 from tsformer.data.calendar import CALENDAR_FEATURES, calendar_feature_names
 from tsformer.data.features import FeaturePipeline
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
-from tsformer.export import COLUMNS, _write_atomically, with_quantile_columns
+from tsformer.export import COLUMNS, with_quantile_columns
+from tsformer.model_folder import (  # noqa: F401 (CONFIG_FILE, WEIGHTS_FILE: where the folder's files are)
+    CONFIG_FILE,
+    RESTORE,
+    WEIGHTS_FILE,
+    FolderKind,
+    ModelFolderError,
+    ModelInfo,
+    first_line,
+)
 from tsformer.tasks.base import WindowTask
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: spread calibration and median-anchored quantile knots (distribution heads)
-CONFIG_FILE = "tsformer.json"
-WEIGHTS_FILE = "weights.pt"
 
 
 @dataclass(kw_only=True)
@@ -71,7 +70,7 @@ class DataContract(FeaturePipeline):
     horizon: int
     fill: str | None = None  # data.fill: how short gaps are closed (None: a gap is an error here)
     max_fill_steps: int = 0
-    time_format: str | None = None  # data.time_format: strftime format of text times (None: inferred)
+    time_format: str | None = None  # strftime format training read text times with (given or inferred)
     csv: dict = field(default_factory=dict)  # data.csv: pandas.read_csv options of the training file
 
     @classmethod
@@ -85,7 +84,7 @@ class DataContract(FeaturePipeline):
             horizon=datamodule.horizon,
             fill=datamodule.fill,
             max_fill_steps=datamodule.max_fill_steps,
-            time_format=datamodule.schema.time_format,
+            time_format=datamodule.time_format_used,
             csv=dict(datamodule.csv),
         )
 
@@ -109,17 +108,6 @@ class DataContract(FeaturePipeline):
 
 
 @dataclass
-class ModelInfo:
-    """Where the weights came from (for people; prediction does not depend on it)."""
-
-    family: str
-    dataset: str
-    run_id: str | None = None
-    git_commit: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
 class ModelConfig:
     """`tsformer.json`: every key of it and of its parts is written, and required when read."""
 
@@ -132,178 +120,19 @@ class ModelConfig:
 
 def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    contract = DataContract.of(datamodule)
-    task_class = type(task)
-    config = ModelConfig(
-        format_version=FORMAT_VERSION,
-        task_class=f"{task_class.__module__}.{task_class.__qualname__}",
-        hparams=_plain(dict(task.hparams)),
-        data=contract,
-        info=info,
-    )
-    # atomically: a run stopped while writing leaves no half-written file behind
-    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(asdict(config), indent=2)))
-    state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings
-    _write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
-    return folder
+    return model_folder.write(folder, FOLDER, task, DataContract.of(datamodule), info)
 
 
-def _plain(value):
-    """Hyperparameters as JSON values (Hydra may hand over tuples; numpy scalars sneak in)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+# -- reading a model folder, checked (`model_folder.read`) ---------------------------------------
 
 
-# -- reading a model folder, checked ----------------------------------------------------------------
-
-RESTORE = (
-    "copy the folder again from the training run (its output folder's model/, or model/artifacts/model "
-    "in its MLflow run) or train again"
-)
-
-
-class ModelFolderError(ValueError):
-    """A model folder that cannot be used as it is; the message names the file and what is wrong."""
-
-
-def _read_config(path: Path) -> dict:
-    """`tsformer.json` parsed and checked against `ModelConfig` (keys, types) and the format version."""
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelFolderError(f"{path}: not readable as JSON ({err}): {RESTORE}") from err
-    version = config.get("format_version") if isinstance(config, dict) else None
+def _check_version(config: dict, path: Path) -> None:
+    version = config.get("format_version")
     if isinstance(version, int) and version != FORMAT_VERSION:  # before the keys: another format's
         raise ModelFolderError(
             f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION}: train the model "
             "again, or load it with the tsformer that wrote it"
         )
-    _check_json(config, ModelConfig, "", path)
-    return config
-
-
-def _check_json(value, hint, where: str, path: Path) -> None:
-    """Raise `ModelFolderError` unless the JSON `value` (at key `where` of the file `path`) is a `hint`:
-    int, float, str, bool, dict, list[...], dict[str, ...], a union of those with None, or a
-    dataclass (a JSON object with its fields as keys)."""
-    if not _fits(value, hint, where, path):
-        raise ModelFolderError(
-            f"{path}: {where or 'the file'} is {_json_kind(value)}, expected {_hint_name(hint)}: {RESTORE}"
-        )
-
-
-def _fits(value, hint, where: str, path: Path) -> bool:
-    """Whether `value` itself is a `hint`; what it holds (fields, items) is checked on the way, and a
-    wrong part refused with its own key."""
-    kind = typing.get_origin(hint) or hint
-    if dataclasses.is_dataclass(hint):
-        return isinstance(value, dict) and _fields_fit(value, hint, where, path)
-    if kind in (types.UnionType, typing.Union):
-        return any(_fits_quietly(value, option, where, path) for option in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is typing.Any:
-        return True
-    if hint in (int, float):  # JSON has no int/float distinction for whole floats; bool is no number
-        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
-    if kind in (str, bool, list, dict):
-        return isinstance(value, kind) and _items_fit(value, typing.get_args(hint), where, path)
-    return False
-
-
-def _fits_quietly(value, option, where: str, path: Path) -> bool:
-    """One option of a union: whether `value`, with all it holds, is one."""
-    try:
-        _check_json(value, option, where, path)
-    except ModelFolderError:
-        return False
-    return True
-
-
-def _fields_fit(value: dict, hint, where: str, path: Path) -> bool:
-    """The JSON object `value` as the dataclass `hint`: its fields' keys, every one (the writer writes
-    them all), and values (refused if not)."""
-    required = {f.name for f in dataclasses.fields(hint)}
-    _check_keys(value, typing.get_type_hints(hint), required, where, path)
-    return True
-
-
-def _items_fit(value, args: tuple, where: str, path: Path) -> bool:
-    """The items of a list (`args`: its item type) or the values of a dict (`args`: key and value
-    types) checked; a str or bool, or a list or dict without `args`, holds nothing to check."""
-    if args and isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_json(item, args[0], f"{where}[{i}]", path)
-    elif args and isinstance(value, dict):
-        for key, item in value.items():
-            _check_json(item, args[1], f"{where}.{key}", path)
-    return True
-
-
-def _check_keys(value: dict, hints: dict, required: set[str], where: str, path: Path) -> None:
-    """The JSON object `value` has every key of `required`, no key outside `hints`, and each value fits
-    its hint."""
-    inside = f" in {where}" if where else ""
-    unknown = sorted(set(value) - set(hints))
-    if unknown:
-        raise ModelFolderError(f"{path}: unknown key(s) {unknown}{inside}: {RESTORE}")
-    missing = sorted(required - set(value))
-    if missing:
-        raise ModelFolderError(f"{path}: key(s) {missing} missing{inside}: {RESTORE}")
-    for key, item in value.items():
-        _check_json(item, hints[key], f"{where}.{key}" if where else key, path)
-
-
-def _json_kind(value) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}  # fmt: skip
-    shown = repr(value) if isinstance(value, (str, int, float)) else ""  # bool is an int
-    return names.get(type(value), type(value).__name__) + (f" ({shown[:40]})" if shown else "")
-
-
-def _hint_name(hint) -> str:
-    if dataclasses.is_dataclass(hint):
-        return "an object"
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return " or ".join(_hint_name(option) for option in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    return getattr(hint, "__name__", str(hint)) if not typing.get_args(hint) else str(hint)
-
-
-def _build_task(task_class_name: str, hparams: dict, path: Path) -> WindowTask:
-    """The (untrained) task `tsformer.json` names, built from its hparams, which must fit its constructor."""
-    module, _, name = task_class_name.rpartition(".")
-    task_class = None
-    if module.startswith("tsformer."):
-        try:
-            task_class = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            pass
-    if not (isinstance(task_class, type) and issubclass(task_class, WindowTask)):
-        raise ModelFolderError(
-            f"{path}: task_class {task_class_name!r} is not a task of this tsformer (such as "
-            f"'tsformer.tasks.forecasting.EncoderDecoderForecaster'): {RESTORE}"
-        )
-    parameters = inspect.signature(task_class).parameters
-    required = {name for name, p in parameters.items() if p.default is inspect.Parameter.empty}
-    hints = {name: typing.Any for name in parameters} | typing.get_type_hints(task_class.__init__)
-    hints.pop("return", None)
-    _check_keys(hparams, hints, required, "hparams", path)
-    try:
-        return task_class(**hparams)
-    except Exception as err:  # the code is known good: what fails here is the file's hparams
-        raise ModelFolderError(
-            f"{path}: hparams do not build a network of {name} ({type(err).__name__}: {_first_line(err)}): "
-            f"{RESTORE}"
-        ) from err
 
 
 def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
@@ -316,6 +145,17 @@ def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
     problem = next(problems, None)
     if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
+
+
+FOLDER = FolderKind(
+    name="forecasting model",
+    schema=ModelConfig,
+    tasks=(WindowTask,),
+    header=lambda: {"format_version": FORMAT_VERSION},
+    check_header=_check_version,
+    contract_of=DataContract.from_dict,
+    check_contract=_check_contract,
+)
 
 
 def _role_problems(c: DataContract):
@@ -360,7 +200,7 @@ def _value_problems(c: DataContract):
     try:
         fixed_step(to_offset(c.freq))
     except (ValueError, TypeError) as err:  # DataValidationError is a ValueError
-        yield f"data.freq {c.freq!r} is not a fixed pandas frequency ({_first_line(err)})"
+        yield f"data.freq {c.freq!r} is not a fixed pandas frequency ({first_line(err)})"
     if c.fill not in (None, *FILL_METHODS) or (c.fill is not None and c.max_fill_steps < 1):
         yield (
             f"data.fill {c.fill!r} with max_fill_steps {c.max_fill_steps}, expected one of {FILL_METHODS} "
@@ -386,69 +226,6 @@ def _network_problems(c: DataContract, hparams: dict):
             yield f"hparams.{key} is {found!r}, but data makes it {value!r}"
 
 
-def _load_weights(task: WindowTask, path: Path) -> None:
-    """`weights.pt` into `task`, once every name and shape is known to fit and every value is finite."""
-    state = _read_weights(path)
-    mismatch = state_mismatch(state, task.state_dict())
-    if mismatch:
-        raise ModelFolderError(
-            f"{path} does not fit the network {CONFIG_FILE} describes: {mismatch};"
-            f" the two files come from different models: {RESTORE}"
-        )
-    broken = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if broken:
-        raise ModelFolderError(
-            f"{path}: {len(broken)} weight(s) hold NaN or infinite values (e.g. {broken[0]!r}): {RESTORE}"
-        )
-    task.load_state_dict(state)
-
-
-def _read_weights(path: Path) -> dict:
-    """The state dict in `weights.pt`: a file torch reads, holding named tensors only."""
-    if not path.is_file():
-        raise ModelFolderError(f"{path} is missing: {RESTORE}")
-    if path.stat().st_size == 0:
-        raise ModelFolderError(f"{path} is empty: {RESTORE}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # whatever torch cannot read here is a damaged file
-        reason = _first_line(err).split(". ")[0][:120]  # torch's first sentence (the rest: advice on pickles)
-        raise ModelFolderError(f"{path}: not a weights file torch can read ({reason}): {RESTORE}") from err
-    if not isinstance(state, dict) or not all(
-        isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
-    ):
-        raise ModelFolderError(f"{path}: holds other things than named tensors (a state dict): {RESTORE}")
-    return state
-
-
-def state_mismatch(state: dict, own: dict, wanted=None, offered=None) -> str:
-    """How the weights `state` do not fit the network's own state dict `own` ("" when they fit): the
-    names of `wanted` (default: all of `own`) it lacks or holds in another shape, and the names of
-    `offered` (default: all of `state`) that `own` has not."""
-    wanted = list(own) if wanted is None else wanted
-    offered = list(state) if offered is None else offered
-    missing = [k for k in wanted if k not in state]
-    unknown = [k for k in offered if k not in own]
-    reshaped = [k for k in wanted if k in state and state[k].shape != own[k].shape]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} weight(s) missing (e.g. {missing[0]!r})")
-    if unknown:
-        problems.append(f"{len(unknown)} unknown (e.g. {unknown[0]!r})")
-    if reshaped:
-        k = reshaped[0]
-        problems.append(
-            f"{len(reshaped)} of another shape (e.g. {k!r}: {list(state[k].shape)}, the network has "
-            f"{list(own[k].shape)})"
-        )
-    return ", ".join(problems)
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
-
-
 class Forecaster:
     """A trained network plus its data contract: tables in, forecasts (original units) out."""
 
@@ -459,21 +236,10 @@ class Forecaster:
 
     @classmethod
     def load(cls, folder: str | Path) -> Forecaster:
-        """The model in `folder`, checked (see the module docstring)."""
-        folder = Path(folder)
-        config_path = folder / CONFIG_FILE
-        if not config_path.is_file():
-            raise FileNotFoundError(
-                f"{folder} is not a tsformer model folder: {CONFIG_FILE} is missing (a training run writes "
-                "one to <run output folder>/model and logs it to MLflow)"
-            )
-        config = _read_config(config_path)
-        task = _build_task(config["task_class"], config["hparams"], config_path)
-        contract = DataContract.from_dict(config["data"])
-        _check_contract(contract, dict(task.hparams), config_path)
-        _load_weights(task, folder / WEIGHTS_FILE)
+        """The model in `folder`, checked (`model_folder.read`)."""
+        task, contract, info = model_folder.read(folder, FOLDER)
         task.set_target_scaling(contract.target_scaler)
-        return cls(task, contract, ModelInfo(**config["info"]))
+        return cls(task, contract, info)
 
     # -- prediction -------------------------------------------------------------------------------
 
@@ -489,10 +255,10 @@ class Forecaster:
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
         for sid, rows in _series_positions(clean, c).items():
             self._check_frequency(clean, sid, rows, source)
-            if c.horizon > 0:
-                windows.append(self._forecast_window(clean, sid, rows, origin, source))
-            else:
+            if self.task.reconstructs:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
+            else:
+                windows.append(self._forecast_window(clean, sid, rows, origin, source))
         batch, times = self._batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
@@ -511,7 +277,9 @@ class Forecaster:
     def _validate(self, table: pd.DataFrame, source: str, time_format: str | None) -> pd.DataFrame:
         """The table checked as in training (columns without a role are ignored, as there)."""
         c = self.contract
-        if c.horizon == 0:  # reconstruction rebuilds what is not measured: the targets may be left out
+        if (
+            self.task.reconstructs
+        ):  # reconstruction rebuilds what is not measured: the targets may be left out
             stripped = {str(col).strip() for col in table.columns}
             table = table.assign(**{col: np.nan for col in c.target_cols if col.strip() not in stripped})
         schema = replace(c.schema, time_format=time_format)
@@ -675,9 +443,8 @@ class Forecaster:
     def _kept(self, windows, T: int) -> np.ndarray:
         """`(W, T)` bool: the (window, step) cells written out. Reconstruction's overlapping tail
         windows give each row once, from the window that reached it first."""
-        c = self.contract
         keep = np.ones((len(windows), T), dtype=bool)
-        if c.horizon == 0:
+        if self.task.reconstructs:
             target_rows = np.array([w[1] for w in windows])[:, None] + np.arange(T)  # (W, T)
             keep = ~pd.Series(target_rows.ravel()).duplicated().to_numpy().reshape(len(windows), T)
         return keep

@@ -2,7 +2,7 @@
 
 The reference is resolved as `predict.py` resolves its MODEL (`predict.resolve_model`: a folder, an
 MLflow run id or a runs:/ or models:/ URI, downloaded from the run's tracking URI) and the model
-loaded and checked (`classifier.load_model`) before the data is read. Once the new task is built,
+loaded and checked (`jobs.load_model`) before the data is read. Once the new task is built,
 `load_into` copies the weights that fit into it, by this rule:
 
 - the networks must be of one class (the family's: `EncoderOnly`, `DecoderOnly`,
@@ -41,7 +41,7 @@ from hydra.utils import get_class
 
 from tsformer import tracking
 from tsformer.data.features import FeaturePipeline
-from tsformer.forecaster import state_mismatch
+from tsformer.model_folder import state_mismatch
 from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Source:
 
 def resolve(reference: str, tracking_uri: str | None) -> Source:
     """The model `reference` names, loaded; a reference that names none: one `SettingError` line."""
-    from tsformer.classifier import load_model
+    from tsformer.jobs import load_model
     from tsformer.predict import RUN_ID, resolve_model
 
     where = f"init_from={reference}"

@@ -16,7 +16,7 @@ tsformer package itself (logged as code), so that in any Python process with the
 import mlflow
 import pandas as pd
 
-from tsformer.classifier import load_model
+from tsformer.jobs import load_model
 
 
 class TsformerForecastModel(mlflow.pyfunc.PythonModel):

@@ -27,23 +27,21 @@ from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
+from tsformer.jobs import JOBS, job_of_folder
+from tsformer.model_folder import CONFIG_FILE
 from tsformer.tracking import TrackingServerUnreachable
-
-# torch and Lightning (tsformer.forecaster, tsformer.export) take seconds to import: they are imported
-# once the model is found, so that an unreachable tracking server or a missing database stops it at once
 
 log = logging.getLogger(__name__)
 
+ANOMALY_CONFIG = "anomaly.json"  # an anomaly detector's model folder (tsformer.anomaly.job.CONFIG_FILE)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 # where a model folder lies inside the folders a user may point at
 MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
 
 
 def find_model_folder(folder: Path) -> Path:
-    from tsformer.forecaster import CONFIG_FILE
-
     for place in MODEL_FOLDER_PLACES:
-        if any((folder / place / name).is_file() for name in (CONFIG_FILE, "anomaly.json")):
+        if any((folder / place / name).is_file() for name in (CONFIG_FILE, ANOMALY_CONFIG)):
             return folder / place
     raise FileNotFoundError(
         f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
@@ -99,12 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", help="CSV or Parquet table: history plus future rows of known covariates")
     parser.add_argument("--output", "-o", required=True, help="where to write the forecasts CSV")
     parser.add_argument(
-        "--impute",
-        action="store_true",
-        help="fill the empty cells of the model's columns (a masked fill-in model, model=enc_only_masked): "
-        "writes DATA with them filled and a flag column <col>_imputed each (docs/imputation.md)",
-    )
-    parser.add_argument(
         "--origin",
         help="forecast from this time for every series (default: each "
         "series' last row with all targets observed); later targets are ignored",
@@ -117,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
         "(default: the training data's data.time_format)",
     )
+    for flag, help_text in _job_flags().items():  # a use of the model some job asks for
+        parser.add_argument(flag, action="store_true", help=help_text)
     for option in CSV_OPTIONS:
         parser.add_argument(
             f"--{option}",
@@ -130,71 +124,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            if (folder / "anomaly.json").is_file():  # an anomaly detector's folder (tsformer.anomaly.job)
+            if (folder / ANOMALY_CONFIG).is_file():  # an anomaly detector (tsformer.anomaly.job)
                 return _judge_anomalies(folder, args)
-            from tsformer.classifier import load_model
-
-            forecaster = load_model(folder)  # a Forecaster, or a Classifier (classes and probabilities)
+            job = job_of_folder(folder)
+            model = job.load(folder)  # the inference object the job predicts with
+        _check_flags(job, args)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
-        table = load_table(args.data, **{**forecaster.contract.csv, **flags})
-        if args.impute or _fills_in(forecaster):
-            return _impute(forecaster, table, args, {**forecaster.contract.csv, **flags})
-        forecasts = forecaster.predict(
-            table, origin=args.origin, source=str(args.data), time_format=args.time_format
-        )
+        table = load_table(args.data, **{**model.contract.csv, **flags})
+        print(job.predict(model, table, args))
     except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from tsformer.export import write_csv
-
-    path = write_csv(forecasts, args.output)
-    print(_summary(forecaster, forecasts, path))
     return 0
 
 
-def _summary(model, forecasts, path: Path) -> str:
-    """What was predicted, in two lines."""
-    info = model.info
-    if "y_pred" in forecasts and "origin_time" not in forecasts:  # a classifier's classes
-        return (
-            f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(forecasts)} samples, classes "
-            f"{model.classes}\nclasses CSV: {path.resolve()} ({len(forecasts)} rows)"
-        )
-    origins = forecasts.groupby("series_id")["origin_time"].max()
-    return (
-        f"{info.family} model (run {info.run_id}, data {info.dataset}): {len(origins)} series, "
-        f"{forecasts['step'].max()} steps, origin(s) {origins.min()} .. {origins.max()}\n"
-        f"forecasts CSV: {path.resolve()} ({len(forecasts)} rows)"
-    )
+def _job_flags() -> dict[str, str]:
+    """The options with which some job's models are used (`Job.predict_flag`), and their help."""
+    return dict(job.predict_flag for job in JOBS.values() if job.predict_flag is not None)
 
 
-def _fills_in(forecaster) -> bool:
-    from tsformer.tasks.masked import MaskedFillIn
-
-    return isinstance(forecaster.task, MaskedFillIn)
-
-
-def _impute(forecaster, table, args, csv_options: dict) -> int:
-    """`--impute`: DATA with the model's empty cells filled and flagged (`tsformer.imputation`)."""
-    from tsformer.export import _write_atomically
-    from tsformer.imputation import impute
-
-    if not args.impute:
-        raise ValueError(
-            f"{args.model} is a masked fill-in model: it fills empty cells, it does not forecast; add --impute"
-        )
-    result = impute(forecaster, table, source=str(args.data), time_format=args.time_format)
-    write = {k: v for k, v in csv_options.items() if k in ("sep", "decimal", "encoding") and v is not None}
-    path = _write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
-    print(f"filled {result.n_filled} empty cell(s) of {forecaster.contract.target_cols}: {path.resolve()}")
-    line = result.unfilled_line(str(args.data))
-    if line:
-        print(f"warning: {line}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _check_flags(job, args) -> None:
+    """A job's option (`Job.predict_flag`) is given for its model, and for no other."""
+    for flag in _job_flags():
+        given = getattr(args, flag.lstrip("-").replace("-", "_"))
+        own = job.predict_flag is not None and job.predict_flag[0] == flag
+        if given and not own:
+            raise ValueError(
+                f"{flag}: {args.model} is a model of the {job.name} job, which does not take {flag} "
+                f"({job.usage('MODEL')})"
+            )
+        if own and not given:
+            raise ValueError(
+                f"{args.model} is a model of the {job.name} job: add {flag} ({job.usage(args.model)})"
+            )
 
 
 def _judge_anomalies(folder: Path, args) -> int:
@@ -207,7 +169,10 @@ def _judge_anomalies(folder: Path, args) -> int:
     rows, events, _ = model.judge(table)
     path = write_csv(rows, Path(args.output))
     events_path = write_csv(events, path.with_name(path.stem + "_events.csv"))
-    print(
-        f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}"
-    )
+    alarms = int(rows["alarm"].sum())
+    print(f"{len(rows)} rows scored, {alarms} alarms, {len(events)} events: {path}, {events_path}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

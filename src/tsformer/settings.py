@@ -81,12 +81,6 @@ def _fraction(value) -> str | None:
     return None
 
 
-def _positive(value) -> str | None:
-    if not (_is_number(value) and value > 0):
-        return "must be a number above 0, e.g. model.lr=1e-3"
-    return None
-
-
 def _seed(value) -> str | None:
     return None if _is_int(value) else "must be a whole number, e.g. seed=42"
 
@@ -133,7 +127,6 @@ RULES = {
     "data.val_fraction": _fraction,
     "data.test_fraction": _fraction,
     "data.label_fraction": _label_share,
-    "model.lr": _positive,
     "trainer.max_epochs": _trains_at_all("trainer.max_epochs", "-1 or null: no limit"),
     "trainer.max_steps": _trains_at_all("trainer.max_steps", "-1: no limit"),
     "trainer.limit_train_batches": _trains_at_all("trainer.limit_train_batches", "1.0: every batch"),
@@ -142,6 +135,22 @@ RULES = {
 
 _ABSENT = object()
 SEQUENCES = "tsformer.data.sequences."  # the classification data modules
+
+
+def _check_model(model: DictConfig) -> None:
+    """The `model` config against its task class: every setting one it takes, the optimisation's
+    values ones that work (`tasks.optimisation`)."""
+    from hydra.utils import get_class
+
+    from tsformer.tasks.setting_groups import check_task_settings
+
+    try:
+        task_class = get_class(str(model.get("_target_")))
+    except (ImportError, ValueError):
+        return  # the job's look-up names it (`train.job_of`)
+    problem = check_task_settings(task_class, OmegaConf.to_container(model, resolve=True))
+    if problem is not None:
+        raise SettingError(problem)
 
 
 def check(cfg: DictConfig) -> None:
@@ -169,3 +178,5 @@ def check(cfg: DictConfig) -> None:
             f"experiment=osuleaf pretrain=masked); data={data.get('name')} is a table of windows: masked "
             "fill-in on windows is model=enc_only_masked"
         )
+    if cfg.get("model") is not None:
+        _check_model(cfg.model)

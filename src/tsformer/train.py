@@ -4,13 +4,12 @@ Every object is built from the config (`conf/`) with `hydra.utils.instantiate`; 
 them together in order:
 1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
-2. the task (family) is built with the input/output sizes of the data;
+2. the run's job (`tsformer.jobs`: the one that runs the model's task class) sizes the task from the data;
 3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
-4. the test forecasts go to a CSV in original units (a classifier's: the classes and probabilities
-   of every test sample, `classification_outputs.py`; `Job` is where the two jobs part); the model
-   folder (weights, data contract, scalers: what `predict.py` needs) is written beside it. The callback `callbacks.MLflowRun` owns
-   the loggers and the MLflow run: it logs figures, scalers, the checkpoint, the CSV and a pyfunc
-   model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or FAILED on any error.
+4. the job writes its outputs (a CSV in original units, the model folder `predict.py` reads) and its
+   figures; the callback `callbacks.MLflowRun` owns the loggers and the MLflow run: it logs the files,
+   the checkpoint and a pyfunc model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or
+   FAILED on any error; `jobs.print_summary` prints the summary.
 `resume=<run id | output folder | checkpoint>` continues an interrupted run instead (`resume.py`);
 `init_from=<run id | output folder | model folder>` starts from a saved model's weights (`init_from.py`).
 With several processes (`trainer=ddp`) only the fit is shared; the rest is done by the global-zero
@@ -23,7 +22,6 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,19 +34,18 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tsformer import classification_outputs, init_from, pretraining_outputs, resume, settings, tracking
+from tsformer import init_from, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
-from tsformer.config import command_line, config_dir
+from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
-from tsformer.export import forecasts_frame, paths_frame, select_levels, write_csv, write_parquet
-from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
+from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
 from tsformer.settings import SettingError
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.setting_groups import task_settings
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +95,7 @@ class RunResult:
     csv_path: Path | None  # the forecasts CSV; None: forecasts_file=null
     forecasts: pd.DataFrame | None  # the CSV's rows (original units)
     paths_path: Path | None = None  # sampled paths (Parquet), with paths_file
-
-
-@dataclass
-class RunOutputs:
-    """The files a run writes after its test, and the example table its model folder was checked on."""
-
-    csv_path: Path | None
-    forecasts: pd.DataFrame | None
-    paths_path: Path | None
-    model_folder: Path
-    example: pd.DataFrame  # a table from the data, as predict.py takes it
-    example_forecasts: pd.DataFrame  # the saved model folder's forecasts of it
-    use: tuple[str, str] = WindowTask.use  # how predict.py uses the model: what it does, its options
+    outputs: RunOutputs | None = None  # all the job wrote (the example table its model folder predicted)
 
 
 def _instantiate_settings(node: DictConfig, **kwargs):
@@ -125,64 +110,40 @@ def _instantiate_settings(node: DictConfig, **kwargs):
         raise  # `main` finds a user error behind Hydra's wrapper
 
 
-def _forecast_sizes(datamodule) -> dict:
-    """What a forecasting (or reconstruction) task takes from its data."""
-    return {
-        "d_target": datamodule.d_target,
-        "d_known": datamodule.d_known,
-        "d_observed": datamodule.d_observed,
-        "d_static_num": datamodule.d_static_num,
-        "static_vocab_sizes": datamodule.static_vocab_sizes,
-        "target_names": datamodule.target_names,
-    }
-
-
-@dataclass(frozen=True)
-class Job:
-    """What differs between the application's jobs after the data module is set up: the sizes the
-    task takes from the data, the files written after the test, how they are logged (the run's
-    `MLflowRun` first) and the printed summary. The data module says which job it feeds (`job`)."""
-
-    task_sizes: Callable[..., dict]
-    write_outputs: Callable[..., object]
-    log_outputs: Callable[..., None]
-    print_summary: Callable[..., None]
-    task_kind: str  # what `model=` must build for it, for the error message
-    prepare_task: Callable[..., None] = lambda task, datamodule: None  # after it is built
-
-
-def job_of(datamodule) -> Job:
-    """The one place the jobs part: classification data (`tsformer.data.sequences`) or windows."""
-    return JOBS[getattr(datamodule, "job", "forecasting")]
+def job_of(model_cfg: DictConfig, datamodule) -> Job:
+    """The job of a run (`tsformer.jobs.JOBS`): the one that runs the task `model_cfg` builds, which
+    must take `datamodule`'s data."""
+    target = model_cfg.get("_target_")
+    try:
+        job = job_of_task(get_class(str(target)))
+    except (ImportError, ValueError) as err:
+        raise SettingError(f"model._target_: {target!r} is not a class ({err})") from err
+    if job is None:
+        known = sorted(f"{cls.__module__}.{cls.__qualname__}" for j in JOBS.values() for cls in j.tasks)
+        raise SettingError(f"model._target_: {target} is no task of a job of tsformer; known: {known}")
+    if not job.takes_data(datamodule):
+        takers = [j.name for j in JOBS.values() if j.takes_data(datamodule)]
+        wanted = f" (it feeds {', '.join(takers)})" if takers else ""
+        raise SettingError(
+            f"model: {target} does not take the data of data={datamodule.name}{wanted}; {job.name} takes {job.data}"
+        )
+    return job
 
 
 def build_task(model_cfg: DictConfig, datamodule, baselines: list | None = None):
     """The task (LightningModule) of `model_cfg`, sized for the set-up `datamodule`'s channels and
     prepared by its job (a forecaster gets the target scaling of its metrics in original units);
-    `baselines`: extra ones, beside the naive baseline (forecasting and reconstruction)."""
-    job = job_of(datamodule)
+    `baselines`: extra ones, beside the naive baseline, for the tasks that take them."""
+    job = job_of(model_cfg, datamodule)
     sizes = job.task_sizes(datamodule)
-    extra = {"baselines": baselines} if job is JOBS["forecasting"] else {}
-    try:
-        task = _instantiate_settings(
-            model_cfg,
-            _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
-            **sizes,
-            **extra,
-        )
-    except InstantiationException as err:
-        cause = err.__cause__  # a model of another job refuses the sizes of this data
-        if isinstance(cause, TypeError) and any(f"'{k}'" in str(cause) for k in sizes):
-            raise SettingError(
-                f"model: {model_cfg.get('_target_')} does not take the data of data={datamodule.name} "
-                f"({job.task_kind}); {err.__cause__}"
-            ) from err
-        raise
-    if getattr(datamodule, "allow_empty_targets", False) and not task.learns_around_missing_targets:
-        raise SettingError(
-            f"data.allow_empty_targets=true: {type(task).__name__} would learn from empty target cells; only "
-            "model=enc_only_masked trains on them (fill the table with it first: predict.py --impute)"
-        )
+    takes_baselines = "baselines" in task_settings(get_class(model_cfg._target_))
+    extra = {"baselines": baselines} if takes_baselines else {}
+    task = _instantiate_settings(
+        model_cfg,
+        _convert_="all",  # plain dicts and lists in the hyperparameters: checkpoints load with weights_only
+        **sizes,
+        **extra,
+    )
     job.prepare_task(task, datamodule)
     return task
 
@@ -212,14 +173,14 @@ def run(cfg: DictConfig) -> RunResult | None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, source)
     if source is not None:
-        features = getattr(datamodule, "features", None)  # classification data has no static embeddings
+        features = getattr(datamodule, "features", None)  # data without static embeddings has none
         vocabularies = features.static_vocabularies if features is not None else None
         loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
         if cfg.get("init_from_freeze"):
             init_from.freeze(task, loaded["taken"])
-    job = job_of(datamodule)
-    tags = source.tags() if source is not None else {}
-    recorder = MLflowRun(cfg, _run_name(task.family, datamodule.name), resumed, tags)
+    job = job_of(cfg.model, datamodule)
+    tags = {"job": job.name, **(source.tags() if source is not None else {})}
+    recorder = MLflowRun(cfg, _run_name(job.name, task.family, datamodule.name), resumed, tags)
     trainer = _instantiate_trainer(cfg, recorder)
 
     with resume.stop_on_sigterm(), tracking.restore_env("MLFLOW_TRACKING_URI"), recorder.recording():
@@ -229,9 +190,9 @@ def run(cfg: DictConfig) -> RunResult | None:
             return None
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
-        job.log_outputs(recorder, task, datamodule, outputs, best_ckpt)
+        recorder.log_outputs(job, task, datamodule, outputs, best_ckpt)
 
-    job.print_summary(recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
+    print_summary(job, recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
     return RunResult(
         metrics=metrics,
         run_id=recorder.run_id,
@@ -240,6 +201,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         csv_path=outputs.csv_path,
         forecasts=outputs.forecasts,
         paths_path=outputs.paths_path,
+        outputs=outputs,
     )
 
 
@@ -262,8 +224,8 @@ def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None 
         init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()
     task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
-    head = getattr(task, "head", None)  # classification has no forecast head
-    if cfg.get("paths_file") and not (head is not None and head.probabilistic and task.autoregressive):
+    if cfg.get("paths_file") and not getattr(task, "samples_paths", False):
+        head = getattr(task, "head", None)
         raise SettingError(
             f"paths_file={cfg.paths_file}: only dec_only and enc_dec with a distribution head (head=gaussian, "
             f"student_t or quantile) sample paths; this run is {task.family} with "
@@ -303,31 +265,6 @@ def _test(tester: L.Trainer, task, datamodule, best_ckpt: str, keep_paths: bool)
     }
 
 
-def _write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
-    """The forecasts CSV, sampled paths (Parquet) and the model folder, checked by a round trip."""
-    output_dir = Path(cfg.paths.output_dir)
-    tested = task.test_outputs
-    forecasts = csv_path = paths_path = None
-    if cfg.forecasts_file:
-        quantiles = _quantiles(task, task.head.levels)
-        forecasts = forecasts_frame(
-            datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles
-        )
-        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
-    if cfg.get("paths_file"):
-        paths_path = write_parquet(
-            paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file
-        )
-    info = ModelInfo(
-        family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
-    )
-    model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-    # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
-    example = example_table(datamodule)
-    example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-    return RunOutputs(csv_path, forecasts, paths_path, model_folder, example, example_forecasts, task.use)
-
-
 def _refuse_used_output_folder(cfg: DictConfig) -> None:
     """A new run owns its output folder: another run's checkpoints there would be mixed with its own
     (`best-v1.ckpt`) and its model folder overwritten, and a run would log a model it did not train."""
@@ -343,11 +280,12 @@ def _refuse_used_output_folder(cfg: DictConfig) -> None:
         )
 
 
-def _run_name(family: str, dataset: str) -> str:
-    """`<family>-<data file stem>-<HHMMSS>-<run tag>`: short, as MLflow's list cuts long names (a CSV's
-    data set name is its path); the start time and the tag of the run folder (`settings.run_tag`)
-    tell apart runs started together."""
-    return f"{family}-{Path(dataset).stem}-{time.strftime('%H%M%S')}-{settings.run_tag()}"
+def _run_name(job: str, family: str, dataset: str) -> str:
+    """`<job>-<family>-<data file stem>-<HHMMSS>-<run tag>`: short, as MLflow's list cuts long names (a
+    CSV's data set name is its path); the job tells apart runs of one network family (two jobs
+    may share one); the start time and the tag of the run folder
+    (`settings.run_tag`) tell apart runs started together."""
+    return f"{job}-{family}-{Path(dataset).stem}-{time.strftime('%H%M%S')}-{settings.run_tag()}"
 
 
 def _refuse_ddp_launch_in_a_sweep(trainer: L.Trainer) -> None:
@@ -386,86 +324,6 @@ def _one_process_for_test(trainer: L.Trainer, cfg: DictConfig, loggers: list) ->
     stateful = [c for c in trainer.callbacks if c.state_dict()]
     one_device = {"strategy": "auto", "devices": 1, "num_nodes": 1}
     return instantiate(cfg.trainer, **one_device, logger=loggers or False, callbacks=stateful)
-
-
-def _quantiles(task, levels: list[float]) -> tuple:
-    """(quantiles `(W, T, Dy, K)` of the test windows at `levels`, scaled; levels), or (None, None)
-    for a point head: the extra arguments of `forecasts_frame`."""
-    if not task.head.probabilistic:
-        return None, None
-    return select_levels(task.test_outputs["quantiles"], task.report_levels, levels), levels
-
-
-def _print_summary(logger, metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> None:
-    """The run id, each test metric of the model beside the baselines' (the first is the naive one,
-    `baseline`), what the columns and units are, where the CSV is, and how to forecast with the model."""
-    lines = ["", "=" * 72]
-    if logger is not None:
-        lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    lines += _metric_table(metrics, baselines)
-    if "calibration/val_coverage_80_as_trained" in metrics:
-        lines.append(
-            "spread calibration (model.head.calibrate, calibration_window): the validation windows' 80% "
-            f"interval covered {metrics['calibration/val_coverage_80_as_trained']:.3f} as trained; their "
-            f"factor x{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
-            f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last"
-        )
-    lines += [f"{b.name}: {b.description}" for b in baselines]
-    lines.append("*_orig rows: in the targets' own units; the others: on the targets as scaled for training")
-    csv_path = outputs.csv_path
-    lines.append(
-        f"forecasts CSV: {csv_path.resolve()}" if csv_path else "forecasts CSV: none (forecasts_file=null)"
-    )
-    ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    what, options = outputs.use
-    lines.append(f"{what}: {command_line('predict', str(ref), '<table.csv>', *options.split())}")
-    lines.append("=" * 72)
-    if outputs.paths_path is not None:
-        lines.append(f"sampled paths: {outputs.paths_path.resolve()}")
-    print("\n".join(lines))
-
-
-def _metric_table(metrics: dict[str, float], baselines: list) -> list[str]:
-    """One line per test metric (the model's, then each baseline's), under a header line."""
-    names = ["mse", "mae", "mae_orig", "rmse_orig"]
-    names += sorted(k.removeprefix("test/") for k in metrics if k.startswith("test/mae_orig/"))
-    probabilistic = ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig")
-    names += [n for n in probabilistic if f"test/{n}" in metrics]
-    width = max(len(n) for n in names) + 2
-    columns = ["model", *(b.name for b in baselines)]
-    col = max(14, *(len(c) for c in columns)) + 2
-    lines = [f"{'test metric':<{width}}" + "".join(f"{c:>{col}}" for c in columns)]
-    for name in names:
-        keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
-        lines.append(f"{name:<{width}}" + "".join(f"{metrics.get(k, float('nan')):>{col}.4f}" for k in keys))
-    return lines
-
-
-JOBS = {
-    "forecasting": Job(
-        _forecast_sizes,
-        _write_outputs,
-        MLflowRun.log_outputs,
-        _print_summary,
-        "a forecasting or "
-        "reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec",
-        lambda task, datamodule: task.set_target_scaling(datamodule.features.target_scaler),
-    ),
-    "classification": Job(
-        classification_outputs.task_sizes,
-        classification_outputs.write_outputs,
-        classification_outputs.log_outputs,
-        classification_outputs.print_summary,
-        "labelled sequences or streams, for model=enc_only_classifier",
-    ),
-    "pretraining": Job(
-        pretraining_outputs.task_sizes,
-        pretraining_outputs.write_outputs,
-        pretraining_outputs.log_outputs,
-        pretraining_outputs.print_summary,
-        "labelled sequences or streams with a classifier's model config, for pretrain=masked",
-    ),
-}
 
 
 def _user_error(err: BaseException) -> BaseException | None:

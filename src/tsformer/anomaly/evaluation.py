@@ -39,7 +39,7 @@ def _tsb_ad():
     except ImportError as e:
         raise ImportError(
             f"error: anomaly evaluation needs TSB-AD's metrics ({e}); install them with "
-            "`pip install --no-deps TSB-AD==1.5 statsmodels` (make install does)"
+            "`pip install statsmodels && pip install --no-deps TSB-AD==1.5` (make install does)"
         ) from e
     return generate_curve, find_length_rank
 

@@ -172,6 +172,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.csv = {str(k): v for k, v in (csv or {}).items()}
         # missing values of the target columns, for a model that learns around them (masked fill-in)
         self.allow_empty_targets = bool(allow_empty_targets)
+        self.time_format_used = time_format  # given, else the one `setup` infers
         self.calendar = [str(f) for f in calendar_features]
         self.context_len, self.horizon = int(context_len), int(horizon)
         if self.context_len < 1 or self.horizon < 0:
@@ -294,6 +295,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         raw = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
         may_be_empty = self.schema.target_cols if self.allow_empty_targets else ()
         clean = self.schema.validate(raw, source, may_be_empty=may_be_empty, extra_cols=self.extra_cols)
+        self.time_format_used = self.schema.time_format_of(raw, source)  # kept in the model folder
         if self.extra_cols:
             clean[self.extra_cols] = clean[self.extra_cols].apply(pd.to_numeric, errors="coerce")
         self._freq = resolve_freq(clean, self.schema, source)

@@ -238,6 +238,15 @@ class SeriesSchema:
             )
         return times.astype("datetime64[ns]")
 
+    def time_format_of(self, df: pd.DataFrame, source: str) -> str | None:
+        """The strftime format `validate` reads the text times of `df` with: `time_format` when set,
+        else the one inferred from them (what a model folder keeps, so that a new table is read as the
+        training file was); None for times that are not text, or that no single format fits."""
+        if self.time_format:
+            return self.time_format
+        raw = self._match_columns(df.reset_index(drop=True), str(source), [])[self.time_col]
+        return self._date_order(raw, source) or _inferred_format(raw)
+
     def _date_order(self, raw: pd.Series, source) -> str | None:
         """The format of text dates with the year last that fits every row: day-first or month-first.
 
@@ -385,6 +394,18 @@ class SeriesSchema:
 
 # a number written with a decimal comma, as some locales' spreadsheets export it: 12,5 or -0,25
 DECIMAL_COMMA = re.compile(r"[-+]?\d+,\d+")
+
+
+def _inferred_format(raw: pd.Series) -> str | None:
+    """The format pandas infers for text times (from the first one), when it reads every one of them."""
+    if raw.dtype.kind not in "OSU" and not isinstance(raw.dtype, pd.StringDtype):
+        return None
+    text = raw.dropna().astype(str)
+    found = guess_datetime_format(text.iloc[0]) if len(text) else None
+    if found is None:
+        return None
+    parsed = pd.to_datetime(text, format=found, errors="coerce", utc="%z" in found)
+    return found if parsed.notna().all() else None
 
 
 def _year_first(time_format: str) -> bool:

@@ -46,6 +46,7 @@ from tsformer.nn.attention import collect_attention, stack_query_rows
 from tsformer.nn.heads import build_head
 from tsformer.tasks.baselines import ErrorQuantiles, Persistence, fit_baselines
 from tsformer.tasks.model_options import ModelOptions
+from tsformer.tasks.optimisation import Optimisation, Optimised
 from tsformer.tasks.probabilistic import (
     BAND_LEVELS,
     CENTRAL_80_COVERAGE,
@@ -56,27 +57,10 @@ from tsformer.tasks.probabilistic import (
     scores,
     spread_needed,
 )
+from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 from tsformer.tasks.static import StaticCovariates
 
 PROB_METRICS = ("crps", "pinball", "coverage_80", "width_80", "crps_orig", "width_80_orig")
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier: linear warmup from ~0 to 1, then cosine decay to `min_lr_ratio`."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def epoch_decay(epoch: int, hold_epochs: int, decay: float) -> float:
-    """LR multiplier of epoch `epoch` (0-based): 1 for the first `hold_epochs` epochs, then x `decay` an
-    epoch. PatchTST's ETT schedule ("type3": 4 epochs at the learning rate, then x 0.9 an epoch) is
-    hold 4, decay 0.9. It does not depend on the number of epochs, so a cap on them changes nothing."""
-    return decay ** max(0, epoch + 1 - hold_epochs)
-
-
-LR_SCHEDULES = ("warmup_cosine", "epoch_decay")
 
 
 def valid_steps(batch: dict, part: str) -> torch.Tensor:
@@ -88,9 +72,9 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
     )
 
 
-class WindowTask(L.LightningModule):
-    family = "base"  # the name used for runs and tags
-    use = ("forecast new data", "--output forecasts.csv")  # the summary's predict.py line: what, options
+class WindowTask(TakesSettings, Optimised, L.LightningModule):
+    setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
+    family = "base"  # the network's family, for runs and tags (what the run does: its job, `tsformer.jobs`)
     learns_around_missing_targets = False  # trains on empty target cells (data.allow_empty_targets)
 
     def __init__(
@@ -103,34 +87,27 @@ class WindowTask(L.LightningModule):
         horizon: int,
         target_names: list[str] | None = None,
         loss: str = "mse",
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
         baselines: list | None = None,
         d_static_num: int = 0,
         static_vocab_sizes: list[int] | None = None,
         static_embedding_dim: int = 4,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
         head: dict | None = None,
+        **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
         self.save_hyperparameters(logger=False, ignore=["baselines"])
+        self.take_settings(settings)
         self._check_options()
         self.head = build_head(head, loss)  # model.head (None: the point head with model.loss)
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
         # static covariates enter as extra known channels of every step (see static.py)
         self.static = StaticCovariates(d_static_num, static_vocab_sizes or [], static_embedding_dim)
         self.d_known_in = d_known + self.static.width  # known channels the network reads
-        self.options = ModelOptions(d_target, revin, revin_affine, channel_independent)
+        options = self.input_options
+        self.options = ModelOptions(
+            d_target, options.revin, options.revin_affine, options.channel_independent
+        )
         self.d_target_net = self.options.d_target_net  # target channels the network reads: 1 with CI
         self.net = self.build_net(dict(net))
         # original = scaled * scale + offset per target variable (`set_target_scaling`); NaN until set,
@@ -220,6 +197,18 @@ class WindowTask(L.LightningModule):
         raise NotImplementedError
 
     # -- what every family shares -----------------------------------------------------------------
+
+    @property
+    def samples_paths(self) -> bool:
+        """Whether the test can sample whole paths (`paths_file`): an autoregressive family with a
+        distribution head."""
+        return self.head.probabilistic and self.autoregressive
+
+    @property
+    def reconstructs(self) -> bool:
+        """Whether the task rebuilds its window's own rows (horizon 0: reconstruction, masked fill-in)
+        rather than forecasting the rows after them."""
+        return self.hparams.horizon == 0
 
     def forecast(self, batch: dict) -> torch.Tensor:
         """Prediction `(B, T_out, Dy)` of a batch as it comes from the data, in the data's scaled
@@ -360,14 +349,6 @@ class WindowTask(L.LightningModule):
                     f"model.{option} is not an option of the {self.family} family (it takes {takes}); "
                     "see the table of model options in the README"
                 )
-        if hp.patch_stride is not None and hp.patch_len is None:
-            raise ValueError(f"model.patch_stride={hp.patch_stride} needs model.patch_len")
-        if hp.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"model.lr_schedule={hp.lr_schedule!r} is not one of {', '.join(LR_SCHEDULES)}")
-        if not 0.0 < hp.lr_decay <= 1.0 or hp.lr_hold_epochs < 0:
-            raise ValueError(
-                f"model.lr_decay={hp.lr_decay} must be in (0, 1] and model.lr_hold_epochs={hp.lr_hold_epochs} >= 0"
-            )
 
     def true_target(self, batch: dict) -> torch.Tensor:
         return batch["fut_target"]
@@ -393,7 +374,7 @@ class WindowTask(L.LightningModule):
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}); "
-                f"lower the learning rate (model.lr={self.hparams.lr}) or check the data for extreme values"
+                f"lower the learning rate (model.lr={self.optimisation.lr}) or check the data for extreme values"
             )
         B = batch["hist_target"].shape[0]
         # per epoch, to MLflow; under DDP the mean over the processes (sync_dist: a no-op in one process)
@@ -427,7 +408,7 @@ class WindowTask(L.LightningModule):
         fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame)
         if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
-            self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.hparams.horizon == 0)
+            self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.reconstructs)
             # the model's own spread, on the same windows
             self.calibrate_spread(dm.val_dataloader(), dm.target_times("val"))
             self._test_times = (dm.window_info("test")["origin_time"].to_numpy(), dm.target_times("test"))
@@ -509,17 +490,3 @@ class WindowTask(L.LightningModule):
         order = torch.cat([c["window"] for c in chunks]).argsort()
         self.test_outputs = {k: torch.cat([c[k] for c in chunks])[order].numpy() for k in chunks[0]}
         self._test_chunks = []
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        if hp.lr_schedule == "epoch_decay":  # set at each epoch's start; no warmup
-            interval = "epoch"
-            multiplier = lambda epoch: epoch_decay(epoch, hp.lr_hold_epochs, hp.lr_decay)
-        else:
-            interval = "step"
-            total = int(self.trainer.estimated_stepping_batches)
-            warmup = min(hp.warmup_steps, max(1, total // 4))
-            multiplier = lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": interval}}

@@ -43,7 +43,8 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassF1Score
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.tasks.base import WindowTask
+from tsformer.tasks.optimisation import Optimisation, Optimised
+from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 
 METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece")
 ECE_BINS = 15
@@ -123,11 +124,12 @@ class SummaryLogistic:
         return proba
 
 
-class ClassificationTask(L.LightningModule):
+class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
     """`model=enc_only_classifier` (see the module docstring)."""
 
     family = "enc_only_classifier"
     input_layout = "channels"  # the scaled channels of each step: masked pre-training reads the same
+    setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
 
     def __init__(
         self,
@@ -138,33 +140,22 @@ class ClassificationTask(L.LightningModule):
         label_smoothing: float = 0.0,
         class_weights: str | list[float] | None = None,
         class_counts: list[int] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
         loss: str = "cross_entropy",
         head: dict | None = None,
         static_embedding_dim: int = 4,  # shared setting of _common.yaml; sequences have no static columns
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
+        **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
+        self.take_settings(settings)
+        options = self.input_options
         if loss != "cross_entropy":
             raise ValueError(f"loss={loss!r}: classification trains with cross_entropy")
         if (head or {}).get("kind", "point") != "point":
             raise ValueError(f"head={head['kind']}: distribution heads are for forecasts; a class needs none")
-        if channel_independent:
+        if options.channel_independent:
             raise ValueError("channel_independent=true: one label per sample has no channel series to split")
-        if revin_affine and not revin:
-            raise ValueError("model.revin_affine=true needs model.revin=true")
         if monitor != "val/loss":
             raise ValueError(f"monitor={monitor!r}: a classifier is checkpointed on val/loss (the log loss)")
         if not 0.0 <= label_smoothing < 1.0:
@@ -173,10 +164,10 @@ class ClassificationTask(L.LightningModule):
         n_classes = len(self.classes)
         config = EncoderOnlyConfig(
             **net, d_in=d_in, head="classification", n_classes=n_classes, pooling=pooling,
-            patch_len=patch_len, patch_stride=patch_stride,
+            patch_len=options.patch_len, patch_stride=options.patch_stride,
         )  # fmt: skip
         self.net = EncoderOnly(config)
-        self.affine = nn.Parameter(torch.zeros(2, d_in)) if revin_affine else None  # log-scale, shift
+        self.affine = nn.Parameter(torch.zeros(2, d_in)) if options.revin_affine else None  # log-scale, shift
         self.register_buffer("weight", self._class_weights(class_weights, class_counts, n_classes))
         self.val_loss = MeanMetric()
         self.val_accuracy = MulticlassAccuracy(n_classes, average="micro")
@@ -281,7 +272,3 @@ class ClassificationTask(L.LightningModule):
             self.test_outputs[baseline.name] = p
             for name, value in score(p, true, len(self.classes)).items():
                 self.log(f"test/{baseline.name}_{name}", value)
-
-    # the optimizer and the two learning-rate schedules of the forecasting tasks (model.lr_schedule):
-    # WindowTask's method reads only hparams, parameters and the trainer, which this task has too
-    configure_optimizers = WindowTask.configure_optimizers

@@ -1,7 +1,7 @@
 """Masked fill-in with the encoder-only family: hide some values of a window, restore them from both sides.
 
 The cloze task of BERT for time series (Zerveas et al., KDD 2021), and how missing sensor values are
-imputed (`tsformer.imputation`). The values are the table's target columns (`data.target_cols`):
+imputed (`tsformer.jobs.imputation`). The values are the table's target columns (`data.target_cols`):
 they are the inputs and the targets at once. A window of N steps:
 
     values (B, N, Dy) --hide(mask)--> [kept values, 0 where hidden | mask] (B, N, 2 Dy)
@@ -22,6 +22,8 @@ CSV holds every value of every test window as `y_true`, and `y_pred` on the hidd
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
@@ -31,6 +33,27 @@ from tsformer.tasks.base import WindowTask, valid_steps
 from tsformer.tasks.baselines import fit_baselines
 
 SPLIT_SEED_OFFSET = {"val": 0, "test": 1}  # the validation and the test masks are different draws
+
+
+@dataclass(frozen=True)
+class Masking:
+    """The values hidden in training and scoring (a setting group of masked fill-in and pre-training,
+    `tasks/setting_groups.py`): runs of mean length `mask_mean_length` (geometric) or single values
+    (random) covering `mask_ratio` of them; fixed masks of the validation and test windows drawn from
+    `eval_mask_seed`; `interpolate_hidden`: hidden values enter as their neighbours' interpolation, not 0."""
+
+    mask_kind: str = "geometric"
+    mask_ratio: float = 0.15
+    mask_mean_length: float = 3.0
+    eval_mask_seed: int = 0
+    interpolate_hidden: bool = False
+
+    def __post_init__(self) -> None:
+        self.config  # noqa: B018 (refuses what cannot be drawn)
+
+    @property
+    def config(self) -> MaskConfig:
+        return MaskConfig(self.mask_kind, float(self.mask_ratio), float(self.mask_mean_length))
 
 
 class LinearInterpolation:
@@ -50,50 +73,12 @@ class LinearInterpolation:
 
 class MaskedFillIn(WindowTask):
     family = "enc_only"
-    use = ("fill in missing values", "--impute --output filled.csv")
     learns_around_missing_targets = True  # an empty cell is hidden from the network and never scored
 
-    def __init__(
-        self,
-        net: dict,
-        d_target: int,
-        d_known: int,
-        d_observed: int,
-        context_len: int,
-        horizon: int,
-        target_names: list[str] | None = None,
-        loss: str = "mse",
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
-        baselines: list | None = None,
-        d_static_num: int = 0,
-        static_vocab_sizes: list[int] | None = None,
-        static_embedding_dim: int = 4,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
-        head: dict | None = None,
-        mask_kind: str = "geometric",
-        mask_ratio: float = 0.15,
-        mask_mean_length: float = 3.0,
-        eval_mask_seed: int = 0,
-        window_norm: bool = True,
-        interpolate_hidden: bool = False,
-    ):
-        self.mask = MaskConfig(mask_kind, float(mask_ratio), float(mask_mean_length))
-        super().__init__(
-            net, d_target, d_known, d_observed, context_len, horizon, target_names, loss, lr, weight_decay,
-            warmup_steps, min_lr_ratio, lr_schedule, lr_hold_epochs, lr_decay, baselines, d_static_num,
-            static_vocab_sizes, static_embedding_dim, revin, revin_affine, channel_independent, patch_len,
-            patch_stride, head,
-        )  # fmt: skip
+    setting_groups = (*WindowTask.setting_groups, ("masking", Masking))
+
+    def __init__(self, *args, window_norm: bool = True, **kwargs):  # and `WindowTask`'s
+        super().__init__(*args, **kwargs)
         if self.head.probabilistic:
             raise ValueError(f"masked fill-in takes the point head (head=point), not head={self.head.kind}")
         # scored on single values, not whole steps: no per-variable metric of whole rows
@@ -159,7 +144,9 @@ class MaskedFillIn(WindowTask):
             hp = self.hparams
             n_windows = self.trainer.datamodule.n_windows(split)
             seed = hp.eval_mask_seed * 2 + SPLIT_SEED_OFFSET[split]
-            self._eval_masks[split] = eval_masks(n_windows, hp.context_len, hp.d_target, self.mask, seed)
+            self._eval_masks[split] = eval_masks(
+                n_windows, hp.context_len, hp.d_target, self.masking.config, seed
+            )
         return self._eval_masks[split]
 
     def masked_batch(self, batch: dict, split: str | None) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -168,7 +155,7 @@ class MaskedFillIn(WindowTask):
         hidden values that were measured."""
         values = batch["hist_target"]
         if split is None:
-            mask = draw_mask(tuple(values.shape), self.mask).to(values.device)
+            mask = draw_mask(tuple(values.shape), self.masking.config).to(values.device)
         else:
             mask = self.split_masks(split)[batch["window"].cpu()].to(values.device)
         unmeasured = self.unmeasured(batch)

@@ -30,17 +30,21 @@ import torch
 from torchmetrics import MeanMetric
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, interpolate
+from tsformer.nn.masking import draw_mask, eval_masks, interpolate
 from tsformer.nn.patching import Patching, token_features
-from tsformer.tasks.base import WindowTask
-from tsformer.tasks.masked import SPLIT_SEED_OFFSET, LinearInterpolation
+from tsformer.tasks.classification import ClassificationTask
+from tsformer.tasks.masked import SPLIT_SEED_OFFSET, LinearInterpolation, Masking
+from tsformer.tasks.optimisation import Optimisation, Optimised
+from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 
 INPUT_LAYOUT = "channels"  # the classifier's: the D scaled channels of each step (init_from reads it)
 
 
-class MaskedPretraining(L.LightningModule):
+class MaskedPretraining(TakesSettings, Optimised, L.LightningModule):
     """`pretrain=masked` on classification data (see the module docstring)."""
 
+    setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions), ("masking", Masking))
+    takes_settings_of = ClassificationTask  # one model config serves both
     family = "enc_only_pretrain"
     input_layout = INPUT_LAYOUT
 
@@ -48,36 +52,14 @@ class MaskedPretraining(L.LightningModule):
         self,
         net: dict,
         d_in: int,
-        classes: list[str] | None = None,
-        class_counts: list[int] | None = None,
-        pooling: str = "cls",
-        label_smoothing: float = 0.0,
-        class_weights: str | list[float] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        min_lr_ratio: float = 0.05,
-        lr_schedule: str = "warmup_cosine",
-        lr_hold_epochs: int = 4,
-        lr_decay: float = 0.9,
-        revin: bool = False,
-        revin_affine: bool = False,
-        channel_independent: bool = False,
-        patch_len: int | None = None,
-        patch_stride: int | None = None,
-        loss: str = "mse",
-        head: dict | None = None,
-        static_embedding_dim: int = 4,
         monitor: str = "val/loss",
-        mask_kind: str = "geometric",
-        mask_ratio: float = 0.15,
-        mask_mean_length: float = 3.0,
-        eval_mask_seed: int = 0,
-        interpolate_hidden: bool = False,
+        **settings,  # of `setting_groups`, and the classifier's (taken, unused)
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
-        if revin_affine or channel_independent:
+        self.take_settings(settings)
+        options = self.input_options
+        if options.revin_affine or options.channel_independent:
             raise ValueError(
                 "masked pre-training takes neither model.revin_affine (the classifier's own learned scale) "
                 "nor model.channel_independent; set them false"
@@ -86,7 +68,7 @@ class MaskedPretraining(L.LightningModule):
             raise ValueError(
                 f"monitor={monitor!r}: pre-training is checkpointed on val/loss (the masked MSE)"
             )
-        self.mask = MaskConfig(mask_kind, float(mask_ratio), float(mask_mean_length))
+        patch_len, patch_stride = options.patch_len, options.patch_stride
         patching = Patching(patch_len, patch_stride) if patch_len else None
         d_out = token_features(patching, d_in)  # a token restores its values: D, or P * D for a patch
         self.net = EncoderOnly(
@@ -154,7 +136,7 @@ class MaskedPretraining(L.LightningModule):
         only."""
         x, valid = batch["x"], batch["valid"]
         if split is None:
-            mask = draw_mask(tuple(x.shape), self.mask).to(x.device)
+            mask = draw_mask(tuple(x.shape), self.masking.config).to(x.device)
         else:
             mask = self.split_masks(split)[batch["sample"].cpu(), : x.shape[1]].to(x.device)
         return mask & valid.unsqueeze(-1)
@@ -165,7 +147,9 @@ class MaskedPretraining(L.LightningModule):
             samples = self.trainer.datamodule.datasets[split].samples
             longest = max(len(s) for s in samples)
             seed = self.hparams.eval_mask_seed * 2 + SPLIT_SEED_OFFSET[split]
-            self._eval_masks[split] = eval_masks(len(samples), longest, self.hparams.d_in, self.mask, seed)
+            self._eval_masks[split] = eval_masks(
+                len(samples), longest, self.hparams.d_in, self.masking.config, seed
+            )
         return self._eval_masks[split]
 
     # -- Lightning steps --------------------------------------------------------------------------
@@ -200,6 +184,3 @@ class MaskedPretraining(L.LightningModule):
         for name, metric in self.test_metrics.items():
             self.log(f"test/{name}", metric.compute())
             metric.reset()
-
-    # the optimizer and learning-rate schedules of every task (model.lr_schedule)
-    configure_optimizers = WindowTask.configure_optimizers

@@ -1,13 +1,9 @@
-"""What a classification run writes after its test: the classes CSV, the model folder, the MLflow
-outputs (CSV, checkpoint, confusion matrix, reliability diagram, pyfunc model) and the summary.
-
-`train.run` calls these through its `Job` (one per job: forecasting or classification), in the
-order and places the forecasting outputs take; the run's life cycle (`callbacks.MLflowRun`) is shared.
-"""
+"""Sequence classification (model=enc_only_classifier on labelled sequences or streams): the classes
+CSV, the model folder, the confusion matrix and reliability diagram in MLflow, the metric table, and
+predict.py's classes of new sequences."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -21,23 +17,15 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.classifier import Classifier, classes_frame, save_classifier_folder
-from tsformer.config import command_line
-from tsformer.data.sequences import LABEL_CODE
+from tsformer.data.sequences import LABEL_CODE, ClassificationData
 from tsformer.export import write_csv
 from tsformer.forecaster import ModelInfo
-from tsformer.tasks.classification import ECE_BINS, METRICS
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 
-@dataclass
-class ClassificationOutputs:
-    """The files of a classification run; the field names of `train.RunOutputs`."""
-
-    csv_path: Path | None
-    forecasts: pd.DataFrame  # the classes CSV's rows (every test sample)
-    model_folder: Path
-    example: pd.DataFrame  # test samples as predict.py takes them (for the pyfunc signature)
-    example_forecasts: pd.DataFrame  # the saved folder's classes of `example`
-    paths_path: Path | None = None
+def takes_data(datamodule) -> bool:
+    return isinstance(datamodule, ClassificationData) and not datamodule.pretraining
 
 
 def task_sizes(datamodule) -> dict:
@@ -53,7 +41,7 @@ def test_frame(task, datamodule) -> pd.DataFrame:
     return classes_frame(datamodule.sample_info("test"), tested["proba"], datamodule.classes, labels)
 
 
-def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> ClassificationOutputs:
+def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
     """The classes CSV and the model folder, checked by a round trip on a few test samples."""
     output_dir = Path(cfg.paths.output_dir)
     frame = test_frame(task, datamodule)
@@ -64,7 +52,11 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> Clas
     folder = save_classifier_folder(output_dir / "model", task, datamodule, info)
     example = example_table(datamodule)
     example_classes = Classifier.load(folder).predict(example, source="example from the data")
-    return ClassificationOutputs(csv_path, frame, folder, example, example_classes)
+    # new sequences come without labels
+    optional = (datamodule.label_col,)
+    return RunOutputs(
+        folder, csv_path, frame, example=example, example_forecasts=example_classes, optional_inputs=optional
+    )
 
 
 def example_table(datamodule, n: int = 3) -> pd.DataFrame:
@@ -89,30 +81,14 @@ def example_table(datamodule, n: int = 3) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def log_outputs(recorder, task, datamodule, outputs: ClassificationOutputs, best_ckpt: str) -> None:
-    """Log the CSV, checkpoint, figures and pyfunc model; end the run FINISHED (no MLflow run: nothing)."""
-    if not recorder.opened:
-        return
-    logger = recorder.logger
-    files = [("forecasts", outputs.csv_path)] if outputs.csv_path is not None else []
-    files += [("checkpoints", Path(best_ckpt))] if best_ckpt else []
-    tracking.log_files(logger, files)
+def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
+    """The number of test samples, the confusion matrix and the reliability diagram."""
     logger.experiment.log_metric(logger.run_id, "test/n_samples", len(outputs.forecasts))
     tested, classes = task.test_outputs, datamodule.classes
     figure = confusion_figure(tested["true"], tested["proba"].argmax(axis=1), classes)
     tracking.log_figure(logger, figure, "plots/confusion_matrix.png")
     curves = {"model": tested["proba"], **{b.name: tested[b.name] for b in task.baselines}}
     tracking.log_figure(logger, reliability_figure(tested["true"], curves), "plots/reliability.png")
-    registry_name = (recorder.cfg.get("model_registry") or {}).get("name")
-    tracking.log_pyfunc_model(
-        logger,
-        outputs.model_folder,
-        outputs.example,
-        outputs.example_forecasts,
-        registry_name,
-        optional_inputs=(datamodule.label_col,),  # new sequences come without labels
-    )
-    tracking.end_run(logger, "FINISHED")
 
 
 def confusion_figure(true: np.ndarray, pred: np.ndarray, classes: list[str]):
@@ -161,25 +137,31 @@ def reliability_figure(true: np.ndarray, curves: dict[str, np.ndarray]):
     return fig
 
 
-def print_summary(logger, metrics: dict[str, float], baselines: list, outputs: ClassificationOutputs) -> None:
-    """The run id, each test metric of the model beside the baselines', the CSV, how to classify."""
-    lines = ["", "=" * 72]
-    if logger is not None:
-        lines.append(f"MLflow run id: {logger.run_id}   (tracking URI: {logger.experiment.tracking_uri})")
-    columns = ["model", *(b.name for b in baselines)]
-    lines.append(f"{'test metric':<20}" + "".join(f"{c:>14}" for c in columns))
-    for name in METRICS:
-        keys = [f"test/{name}"] + [f"test/{b.name}_{name}" for b in baselines]
-        lines.append(f"{name:<20}" + "".join(f"{metrics.get(k, float('nan')):>14.4f}" for k in keys))
-    lines += [f"{b.name}: {b.description}" for b in baselines]
+def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:
+    """Each test metric of the model beside the baselines', the number of samples, the CSV."""
+    lines = metric_table(metrics, list(METRICS), baselines)
     lines.append(f"test samples: {len(outputs.forecasts)} (every one)")
     csv_path = outputs.csv_path
     lines.append(
         f"classes CSV: {csv_path.resolve()}" if csv_path else "classes CSV: none (forecasts_file=null)"
     )
-    ref = logger.run_id if logger is not None else outputs.model_folder.resolve()
-    lines.append(
-        f"classify new data: {command_line('predict', str(ref), '<table.csv>', '--output classes.csv')}"
+    return lines
+
+
+def predict(model: Classifier, table: pd.DataFrame, args) -> str:
+    """The classes of `table`'s sequences written to `args.output`; what was predicted, in two lines."""
+    classes, path, who = predict_csv(model, table, args)
+    return (
+        f"{who}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {path} ({len(classes)} rows)"
     )
-    lines.append("=" * 72)
-    print("\n".join(lines))
+
+
+load = Classifier.load  # the inference object predict.py uses
+
+JOB = job_of_module(
+    __name__,
+    name="classification",
+    tasks=(ClassificationTask,),
+    data="labelled sequences or streams, for model=enc_only_classifier",
+    usage=predict_usage("classify new data", "--output", "classes.csv"),
+)

@@ -1,4 +1,5 @@
-"""Fill the empty cells of a table with a masked fill-in model: `predict.py MODEL table.csv --impute`.
+"""Masked fill-in (model=enc_only_masked): training writes forecasting's files (`jobs/forecasting.py`);
+predict.py fills the empty cells of a table with the model: `predict.py MODEL table.csv --impute`.
 
 The model (`tasks/masked.py`, trained with `model=enc_only_masked`) restores the values of its columns
 (`data.target_cols` of its training) in windows of `context_len` rows. Per series, the rows are cut
@@ -16,6 +17,7 @@ row is named (`Imputation.unfilled_rows`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,7 +25,11 @@ import pandas as pd
 import torch
 
 from tsformer.data.schema import DataValidationError, describe_row, fixed_step
+from tsformer.data.sources import CSV_OPTIONS
+from tsformer.export import _write_atomically
 from tsformer.forecaster import Forecaster, _series_positions
+from tsformer.jobs import forecasting
+from tsformer.jobs.base import predict_usage
 from tsformer.tasks.masked import MaskedFillIn
 
 FLAG_SUFFIX = "_imputed"
@@ -171,3 +177,32 @@ def _original_names(table: pd.DataFrame, columns: list[str]) -> dict[str, str]:
 
 def _slice(batch: dict, lo: int, hi: int) -> dict:
     return {k: v[lo:hi] for k, v in batch.items()}
+
+
+def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
+    """predict.py --impute: the table with the model's empty cells filled and flagged, written to
+    `args.output` with the training file's separator, decimal mark and encoding (or the options')."""
+    result = impute(model, table, source=str(args.data), time_format=args.time_format)
+    given = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
+    write = {k: v for k, v in {**model.contract.csv, **given}.items() if k in CSV_OPTIONS and v is not None}
+    path = _write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
+    line = result.unfilled_line(str(args.data))
+    if line:
+        print(f"warning: {line}", file=sys.stderr)
+    return f"filled {result.n_filled} empty cell(s) of {model.contract.target_cols}: {path.resolve()}"
+
+
+JOB = replace(
+    forecasting.JOB,
+    name="imputation",
+    tasks=(MaskedFillIn,),
+    predict=predict,
+    usage=predict_usage("fill in missing values", "--impute", "--output", "filled.csv"),
+    predict_flag=(
+        "--impute",
+        (
+            "fill the empty cells of the model's columns (a masked fill-in model, model=enc_only_masked): "
+            "writes DATA with them filled and a flag column <col>_imputed each (docs/imputation.md)"
+        ),
+    ),
+)

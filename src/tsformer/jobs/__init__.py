@@ -1,0 +1,70 @@
+"""The application's jobs: what a run does after its task is built, and what predict.py does with
+the model folder it wrote. `JOBS` is the one place that maps a run or a model folder to its job.
+
+A job (`base.Job`) is a module holding
+- `takes_data(datamodule)` and `task_sizes(datamodule)`: the data it runs on and what the task's
+  constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
+- `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
+  folder always; a CSV, an example table for the pyfunc model where it has them);
+- `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and figures in the MLflow run
+  (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
+- `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
+  summary (`base.print_summary` writes the rest);
+- `load(folder)` and `predict(model, table, args)`: predict.py's use of the model folder
+  (`predict_flag`: the option that asks for it, where a job needs one).
+Its `tasks` say which task classes it runs; the MLflow run is named and tagged (`job`) after `name`.
+`base.job_of_module(__name__, name=..., tasks=..., data=..., usage=...)` makes the `JOB` of a module
+that defines those functions; `dataclasses.replace` one from another job's (reconstruction, imputation).
+
+Adding a job: its module here with a `JOB`, one line in `REGISTERED` below, its task (tasks/) if no
+task fits, its configs (conf/model/...) and tests (its entry in `RUNS` of tests/test_jobs.py, which
+runs every registered job end to end). train.py and predict.py do not change.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+
+from tsformer.jobs.base import Job, RunOutputs, print_summary
+
+# the modules of the registered jobs (tsformer/jobs/<module>.py, each with a `JOB`): one line a job
+REGISTERED = (
+    "forecasting",
+    "reconstruction",
+    "imputation",
+    "classification",
+    "pretraining",
+)
+JOBS: dict[str, Job] = {
+    job.name: job for job in (import_module(f"tsformer.jobs.{m}").JOB for m in REGISTERED)
+}
+
+__all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]
+
+
+def job_of_task(task_class: type) -> Job | None:
+    """The job that runs `task_class` (the nearest registered base class decides); None: no job's."""
+    by_class = {cls: job for job in JOBS.values() for cls in job.tasks}
+    return next((by_class[cls] for cls in task_class.__mro__ if cls in by_class), None)
+
+
+def job_of_folder(folder: str | Path) -> Job:
+    """The job of the model in `folder`, by the task class its `tsformer.json` names (imported only
+    from the tsformer package: a model folder never runs code)."""
+    from tsformer.model_folder import RESTORE, ModelFolderError, read_config, task_class_of, unknown_task
+
+    config, path = read_config(folder)
+    if "task_class" not in config:
+        raise ModelFolderError(f"{path}: key(s) ['task_class'] missing: {RESTORE}")
+    name = config["task_class"]
+    task_class = task_class_of(name)
+    job = job_of_task(task_class) if task_class is not None else None
+    if job is None:
+        raise unknown_task(name, path)
+    return job
+
+
+def load_model(folder: str | Path):
+    """The inference object of the model folder (a `Forecaster`, a `Classifier`), checked."""
+    return job_of_folder(folder).load(Path(folder))
