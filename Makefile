@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 # torch, transformers, tslearn, stumpy and more
 TSB_AD_VERSION := 1.5
 
-.PHONY: install test test-fast lint format train bench clean
+.PHONY: install test test-fast lint format train serve bench clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,12 @@ format: install
 
 train: install
 	$(PY) train.py
+
+# make serve MODEL=<run id | folder> [PORT=5001]: the model answers on http://127.0.0.1:$(PORT)/invocations
+PORT ?= 5001
+serve: install
+	@test -n "$(MODEL)" || { echo "error: give the model: make serve MODEL=<run id | runs:/<id>/model | folder>" >&2; exit 2; }
+	$(VENV)/bin/tsformer-serve "$(MODEL)" --port $(PORT)
 
 bench: install
 	$(PY) benchmarks/kv_cache.py

@@ -8,6 +8,7 @@ predict.py process, a notebook, DDP, a sweep), `needs_data` reads the real data 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,34 @@ def pytest_runtest_setup(item):
         missing = [p for p in mark.args if not Path(p).exists()]
         if missing:
             pytest.skip(f"real data not here: {missing[0]}")
+
+
+def checkout_files() -> set[str] | None:
+    """The checkout's untracked and ignored files, one `git status` line each (the venv and Python's
+    bytecode caches aside); None outside a git checkout (an unpacked source archive)."""
+    proc = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".", ":(exclude).venv"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    lines = {line for line in proc.stdout.splitlines() if line.startswith(("??", "!!"))}
+    return {line for line in lines if "__pycache__/" not in line and ".pytest_cache/" not in line}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_as_found():
+    """The suite leaves the checkout as it found it: a test that writes a run, a model or a file into
+    the checkout (mlruns/, mlflow.db, outputs/: a user's own runs live there) fails the session."""
+    before = checkout_files()
+    yield
+    after = checkout_files()
+    if before is not None and after is not None:
+        new = sorted(after - before)
+        assert not new, f"the tests left {len(new)} new files in the checkout {REPO}: {new[:10]}"
 
 
 def marked(params, which, mark) -> list:

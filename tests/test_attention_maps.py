@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from torch.utils.data import default_collate
 
 from conftest import TINY
+from tsformer.export import SplitView
 from tsformer.nn.attention import MultiHeadAttention, collect_attention
 from tsformer.plots import attention_figure
 from tsformer.train import build_task, compose_config
@@ -121,7 +122,7 @@ def test_recording_uses_the_reference_path_and_leaves_fused_layers_as_they_were(
 @pytest.mark.parametrize("family", ["enc_only", "dec_only", "enc_dec"])
 def test_figure_has_a_panel_per_layer_and_head(tmp_path, family):
     dm, task = build(tmp_path, f"model={family}")
-    fig = attention_figure(task, dm)
+    fig = attention_figure(task, SplitView.of(dm, "test"), dm.datasets["test"])
     n_maps = len(task.attention_maps(one_test_window(dm, dm.n_windows("test") // 2)))
     images = [ax for ax in fig.axes if ax.images]
     assert len(images) == n_maps * H

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO
-from tsformer.data.simulators import simulate_plant_regimes
+from tsformer.data import fetch
 from tsformer.tasks.classification import METRICS
 from tsformer.tracking import restore_env
 
@@ -90,7 +90,9 @@ def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(traine
 def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained, tmp_path):
     _, folder = trained
     _, run = the_run(folder)
-    simulate_plant_regimes(n_series=8, n_steps=600).to_csv(tmp_path / "stream.csv", index=False)
+    # the stream as a user writes it: `tsformer-data simulate plant_regime`, the data the run trained on
+    simulate = ["simulate", "plant_regime", "--output", str(tmp_path / "stream.csv")]
+    assert fetch.cli([*simulate, "--n-series", "8", "--n-steps", "600"]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(REPO / "predict.py"), run.info.run_id, str(tmp_path / "stream.csv")]
     cmd += ["--output", str(tmp_path / "classes.csv")]
@@ -102,7 +104,7 @@ def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained,
     with restore_env("MLFLOW_TRACKING_URI"):  # set_tracking_uri sets it for the rest of the process
         mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
         pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
-    table = pd.read_csv(tmp_path / "stream.csv", parse_dates=["time"])
+    table = pd.read_csv(tmp_path / "stream.csv")  # times as text: the model reads them as predict.py does
     unlabelled = pyfunc.predict(table.drop(columns="regime"))  # labels are optional in the signature
     assert unlabelled.y_true.isna().all() and len(unlabelled) == len(pyfunc.predict(table))
     for new in (

@@ -83,6 +83,35 @@ def test_future_steps_must_leave_history(tmp_path, capsys):
     assert not (tmp_path / "s.csv").exists()
 
 
+def test_plant_regime_is_the_labelled_stream_data_plant_regime_trains_on(tmp_path, capsys):
+    from tsformer.data.simulators import simulate_plant_regimes
+
+    path = tmp_path / "regime.csv"
+    assert (
+        fetch.cli(["simulate", "plant_regime", "--output", str(path), "--n-series", "2", "--n-steps", "30"])
+        == 0
+    )
+    expected = simulate_plant_regimes(
+        n_series=2, n_steps=30
+    )  # every column is a channel, the time or the label
+    pd.testing.assert_frame_equal(pd.read_csv(path, parse_dates=["time"]), expected, check_dtype=False)
+    out = capsys.readouterr().out
+    assert "predict.py <run id>" in out and "--output classes.csv" in out and "data.label_col=regime" in out
+
+
+@pytest.mark.parametrize(
+    "option, named",
+    [(["--heating-drift", "0.2"], "--heating-drift"), (["--future-steps", "5"], "--future-steps")],
+    ids=["not_its_setting", "no_forecast"],
+)
+def test_an_option_the_data_set_cannot_use_is_one_line_and_writes_nothing(tmp_path, capsys, option, named):
+    path = tmp_path / "regime.csv"
+    assert fetch.cli(["simulate", "plant_regime", "--output", str(path), "--n-steps", "30", *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named}") and len(err.strip().splitlines()) == 1
+    assert not path.exists()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """README step 1 with TINY settings: `python train.py model=dec_only`, in its own folder."""

@@ -9,13 +9,25 @@ model training (`mlflow.experimentKind`), not a GenAI app.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from conftest import TINY
+from tsformer import predict
+from tsformer.data import fetch
+from tsformer.forecaster import Forecaster
 from tsformer.predict import resolve_model
 from tsformer.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tsformer.train import compose_config, run
@@ -71,3 +83,102 @@ def test_the_experiment_opens_as_model_training(logged):
     result, client, _ = logged
     experiment = client.get_experiment(client.get_run(result.run_id).info.experiment_id)
     assert experiment.tags.get(EXPERIMENT_KIND_TAG) == EXPERIMENT_KIND == "custom_model_development"
+
+
+@pytest.fixture(scope="module")
+def new_table(logged, tmp_path_factory):
+    """(path, predict.py's forecasts) of new data as the README writes it: `tsformer-data simulate plant
+    --future-steps <horizon>`, forecast by `predict.py <run id>`."""
+    result, client, _ = logged
+    horizon = Forecaster.load(result.model_folder).contract.horizon
+    path = tmp_path_factory.mktemp("new") / "new.csv"
+    simulate = ["simulate", "plant", "--seed", "1", "--n-series", "2", "--n-steps", "200"]
+    assert fetch.cli([*simulate, "--future-steps", str(horizon), "--output", str(path)]) == 0
+    out = path.with_name("forecasts.csv")
+    args = [result.run_id, str(path), "--output", str(out), "--tracking-uri", client.tracking_uri]
+    assert predict.main(args) == 0
+    return path, pd.read_csv(out)
+
+
+def test_the_pyfunc_model_takes_a_table_as_read_csv_gives_it(logged, new_table, monkeypatch):
+    """No parse_dates: the times are text, read in the training data's format as predict.py reads them."""
+    result, client, _ = logged
+    path, expected = new_table
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    mlflow.set_tracking_uri(client.tracking_uri)
+    forecasts = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model").predict(pd.read_csv(path))
+    pd.testing.assert_frame_equal(
+        forecasts.astype({"origin_time": str, "target_time": str}).reset_index(drop=True),
+        expected.astype({"origin_time": str, "target_time": str}),
+        check_dtype=False,
+        atol=1e-5,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_tsformer_serve_answers_a_real_request_with_valid_json_and_a_bad_one_with_one_line(logged, new_table):
+    """`tsformer-serve <run id>` in the training folder, with no virtual environment on PATH: the
+    forecasts of predict.py as strict JSON (missing values null), a refused table in one line."""
+    result, _, folder = logged
+    path, expected = new_table
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": os.environ.get("HOME", "/tmp")}
+    # the console script runs `tsformer.serve:main` with the environment's interpreter
+    command = [sys.executable, "-m", "tsformer.serve", result.run_id, "--port", str(port)]
+    server = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the model is loaded and the server answers (or it died, or the time is up)
+            assert server.poll() is None, server.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the server did not answer within 120 s"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/invocations"
+        table = pd.read_csv(path, dtype={"time": str})
+        split = json.loads(table.to_json(orient="split", index=False))
+        status, text = post(url, json.dumps({"dataframe_split": split}).encode())
+        assert status == 200, text
+        strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+        served = pd.DataFrame(strict["predictions"])
+        assert served.y_true.isna().all() and None in [row["y_true"] for row in strict["predictions"]]
+        assert np.allclose(served.y_pred, expected.y_pred, atol=1e-5)
+        assert (pd.to_datetime(served.target_time) == pd.to_datetime(expected.target_time)).all()
+
+        bad = table.drop(columns="supply_voltage")
+        split = json.loads(bad.to_json(orient="split", index=False))
+        status, text = post(url, json.dumps({"dataframe_split": split}).encode())
+        error = json.loads(text)
+        assert status == 400 and error["error_code"] == "BAD_REQUEST", text
+        assert (
+            "supply_voltage" in error["message"] and "\n" not in error["message"] and "Traceback" not in text
+        )
+        assert post(url, b"not json")[0] == 400
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def test_the_figures_lie_beside_the_forecasts_csv_as_in_mlflow(logged):
+    result, client, _ = logged
+    logged_plots = {a.path for a in client.list_artifacts(result.run_id, "plots")}
+    assert {"plots/test_windows.png", "plots/error_by_step.png", "plots/attention.png"} <= logged_plots
+    beside = {f"plots/{p.name}" for p in (result.csv_path.parent / "plots").glob("*.png")}
+    assert beside == logged_plots

@@ -19,6 +19,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import TINY
+from tsformer.export import SplitView
 from tsformer.plots import (
     _concise_dates,
     attention_figure,
@@ -137,7 +138,7 @@ def test_attention_has_colour_bars_one_scale_per_layer_and_times(tmp_path, famil
     dm = instantiate(cfg.data)
     dm.setup()
     torch.manual_seed(0)
-    fig = attention_figure(build_task(cfg.model, dm).eval(), dm)
+    fig = attention_figure(build_task(cfg.model, dm).eval(), SplitView.of(dm, "test"), dm.datasets["test"])
     maps = [ax for ax in fig.axes if ax.images]
     bars = [ax for ax in fig.axes if not ax.images and ax.get_ylabel() == "attention weight"]
     rows = {ax.get_title().split(" · ")[0] for ax in maps}  # one row per layer
@@ -151,3 +152,76 @@ def test_attention_has_colour_bars_one_scale_per_layer_and_times(tmp_path, famil
         ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
         assert ticks and all(":" in t for t in ticks), ticks  # 11:20, not token numbers
     plt.close(fig)
+
+
+def legend_inside_figure(fig) -> bool:
+    """Every legend of `fig` drawn within the figure's bounds (nothing cut off at its edges)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    assert legends
+    bounds = fig.bbox
+    return all(
+        bounds.x0 <= (box := legend.get_window_extent(renderer)).x0
+        and box.x1 <= bounds.x1
+        and bounds.y0 <= box.y0
+        and box.y1 <= bounds.y1
+        for legend in legends
+    )
+
+
+@pytest.mark.parametrize("n_variables", [1, 2])
+def test_legends_lie_inside_the_figure_at_every_width(n_variables):
+    """One target makes the narrowest figure: its legend was cut off on both sides ("foreca")."""
+    forecasts, history = frames(96, 96, "h")
+    forecasts = forecasts[forecasts.variable.isin(VARIABLES[:n_variables])]
+    errors = forecasts.assign(mae=(forecasts.y_pred - forecasts.y_true).abs())
+    mae = errors.groupby(["variable", "step"], as_index=False).mae.mean()
+    for fig in (
+        forecast_windows_figure(forecasts, history, n_windows=2),
+        fan_chart_figure(with_quantiles(forecasts), history, n_windows=2),
+        error_by_step_figure(mae, mae.assign(mae=mae.mae * 2), freq="h"),
+    ):
+        assert legend_inside_figure(fig)
+        plt.close(fig)
+
+
+def test_units_name_the_y_axes_where_data_units_gives_them():
+    forecasts, history = frames(96, 96, "h")
+    units = {"OT": "°C"}  # HUFL has none
+    fig = forecast_windows_figure(forecasts, history, n_windows=2, units=units)
+    labels = {ax.get_ylabel() for ax in panels(fig)}
+    assert labels == {"OT\n(°C)", "HUFL\n(original units)"}
+    plt.close(fig)
+    errors = forecasts.assign(mae=(forecasts.y_pred - forecasts.y_true).abs())
+    mae = errors.groupby(["variable", "step"], as_index=False).mae.mean()
+    fig = error_by_step_figure(mae, units={"OT": "°C", "HUFL": "°C"})
+    assert "(°C)" in fig.axes[0].get_ylabel()
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("freq", "unit", "last"),
+    [("h", "days", 4.0), ("5min", "hours", 8.0), ("1min", "minutes", 96.0), ("10s", "minutes", 16.0)],
+)
+def test_error_by_step_says_the_steps_in_time_too(freq, unit, last):
+    """96 steps of an hour: 4 days; of 5 minutes: 8 hours; of a minute: 96 minutes (under two hours);
+    of 10 s: 16 minutes."""
+    mae = pd.DataFrame({"variable": "OT", "step": np.arange(1, 97), "mae": np.linspace(0.1, 1.0, 96)})
+    fig = error_by_step_figure(mae, freq=pd.tseries.frequencies.to_offset(freq))
+    (ax,) = fig.axes
+    (top,) = ax.child_axes  # the second x axis, above
+    assert top.get_xlabel() == f"time ahead of the origin ({unit})"
+    fig.canvas.draw()
+    step_to_time = top._functions[0]  # the axis' transform from steps to time
+    assert step_to_time(96) == pytest.approx(last)
+    plt.close(fig)
+
+
+def test_data_units_reach_the_figures_view_and_a_unit_for_no_column_is_refused(tmp_path):
+    cfg = compose_config([*TINY, 'data.units={dynamic_temperature:"°C",supply_voltage:V}'], tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    assert SplitView.of(dm, "test").units == {"dynamic_temperature": "°C", "supply_voltage": "V"}
+    with pytest.raises(Exception, match=r"data.units names \[.power.\]"):  # Hydra wraps the ValueError
+        instantiate(compose_config([*TINY, "data.units={power:kW}"], tmp_path).data)

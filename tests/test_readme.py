@@ -130,3 +130,52 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch):
                 missing = [x for x in sample.splitlines() if shown_as(x) not in printed]
                 assert not missing, (missing, proc.stdout)
     assert any("predict.py" in line for line in ran) and (tmp_path / "forecasts.csv").exists()
+
+
+def test_every_command_runs_with_the_environments_programs():
+    """One way to run things, said once in "Install": `.venv/bin/python`, `.venv/bin/tsformer-*`; a bare
+    `python` fails with "No module named 'tsformer'" unless the environment is activated."""
+    text = README.read_text()
+    lines = []
+    for block in fenced(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.replace("<run id>", "'<run id>'"), comments=True)
+            while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value before the program
+                words = words[1:]
+            if words:
+                lines.append(words[0])
+    assert lines and not [w for w in lines if not (w.startswith(".venv/bin/") or w == "make")]
+    inline = re.findall(r"`([^`\n]+)`", re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL))
+    bare = [code for code in inline if re.match(r"(python|tsformer-(data|serve|predict))\b", code)]
+    assert not bare, bare
+
+
+def table_options(text: str) -> dict[str, set[str]]:
+    """{config group: the options the Configuration table's row lists} (a row may name several groups)."""
+    rows = {}
+    for line in section(text, "## Configuration").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`") and cells[0].endswith("/`"):
+            options = set(re.findall(r"`(\w+)`", cells[1]))
+            for group in re.findall(r"`(\w+)/`", cells[0]):
+                rows[group] = options
+    return rows
+
+
+def test_configuration_table_lists_every_option_of_conf():
+    """The table is checked against conf/: each group folder, each of its options (files `_*.yaml` are
+    shared parts, not options), and no option that does not exist."""
+    conf = REPO / "conf"
+    expected = {
+        group.name: {p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_")}
+        for group in sorted(conf.iterdir())
+        if group.is_dir()
+    }
+    listed = table_options(README.read_text())
+    assert set(listed) == set(expected), ("groups", set(expected) ^ set(listed))
+    drift = {
+        group: {"missing": sorted(options - listed[group]), "not in conf/": sorted(listed[group] - options)}
+        for group, options in expected.items()
+        if options != listed[group]
+    }
+    assert not drift, drift

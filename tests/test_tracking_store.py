@@ -92,3 +92,29 @@ def test_a_runs_config_visits_tracking_twice(in_tmp, monkeypatch):
             monkeypatch.setattr(tracking, name, counted(name, function))
     run(cfg)
     assert visits == ["require_reachable_servers", "mlflow_logger_entry"]
+
+
+def test_a_new_experiment_keeps_its_files_beside_its_database_whatever_the_folder(tmp_path, monkeypatch):
+    """MLflow's default artifact root is `./mlruns` of the current folder: a database given by its path
+    would get its runs' files and models wherever a run started (the checkout, for the tests)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+    tracking.prepare_sqlite_store(uri, "beside")
+    experiment = MlflowClient(uri).get_experiment_by_name("beside")
+    assert experiment.artifact_location == str(tmp_path / "store" / "mlruns" / experiment.experiment_id)
+
+
+def test_a_mapping_keyed_by_column_names_mlflow_refuses_is_logged_as_one_param(tmp_path):
+    """`data.units={LV ActivePower \\(kW\\): kW}` flattened would be the param `data/units/LV ActivePower
+    (kW)`, a name MLflow refuses (the run failed as it opened)."""
+    config = {"data": {"units": {"LV ActivePower (kW)": "kW"}, "csv": {"sep": ";"}}, "seed": 0}
+    safe = tracking.param_safe(config)
+    assert safe == {"data": {"units": '{"LV ActivePower (kW)": "kW"}', "csv": {"sep": ";"}}, "seed": 0}
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.create_run(client.create_experiment("params"))
+    client.log_param(run.info.run_id, "data/units", safe["data"]["units"])  # accepted
+    with pytest.raises(Exception, match="Invalid value"):
+        client.log_param(run.info.run_id, "data/units/LV ActivePower (kW)", "kW")

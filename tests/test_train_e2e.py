@@ -156,7 +156,7 @@ def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp,
 
 def test_mae_by_step_equals_the_csv_frame_grouped_by_variable_and_step(in_tmp):
     """The error-by-step figure is drawn from the arrays; it must show what the CSV would give."""
-    from tsformer.export import forecasts_frame, mae_by_step
+    from tsformer.export import SplitView, forecasts_frame, mae_by_step
 
     dm = instantiate(compose_config(["model=enc_dec", *TINY], in_tmp / "out").data)
     dm.setup()
@@ -164,11 +164,12 @@ def test_mae_by_step_equals_the_csv_frame_grouped_by_variable_and_step(in_tmp):
     rng = np.random.default_rng(0)
     pred, true = rng.normal(size=(W, T, Dy)), rng.normal(size=(W, T, Dy))
     valid = rng.random((W, T)) > 0.2  # some steps filled in: not scored
-    frame = forecasts_frame(dm, "test", pred, true, valid)
+    view = SplitView.of(dm, "test")
+    frame = forecasts_frame(view, pred, true, valid)
     expected = (frame.y_pred - frame.y_true).abs().groupby([frame.variable, frame.step]).mean()
-    got = mae_by_step(dm, pred, true, valid).set_index(["variable", "step"]).mae
+    got = mae_by_step(view, pred, true, valid).set_index(["variable", "step"]).mae
     pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False, rtol=1e-9)
     # a frame of a few windows is the full frame's rows of those windows
-    some = forecasts_frame(dm, "test", pred, true, valid, windows=np.array([0, W - 1]))
+    some = forecasts_frame(view, pred, true, valid, windows=np.array([0, W - 1]))
     origins = dm.window_info("test").origin_time.iloc[[0, W - 1]]
     assert len(some) == 2 * T * Dy and set(some.origin_time) == set(origins)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +31,43 @@ from tsformer.nn.heads import level_name
 COLUMNS = ["series_id", "origin_time", "target_time", "step", "variable", "y_true", "y_pred"]
 
 
+@dataclass(frozen=True)
+class SplitView:
+    """What the export and the figures read of one split of the data: where its windows lie and when,
+    the targets' names and units, and the way back to original units. Built from a data module
+    (`SplitView.of`) or by hand: nothing here needs the data module itself."""
+
+    windows: pd.DataFrame  # one row per window, in dataset order: series_id, origin_time
+    target_times: np.ndarray  # (W, T_out) datetime64: the time of each target step
+    target_names: tuple[str, ...]
+    context_len: int
+    horizon: int  # 0: reconstruction windows (steps 0..N-1 of the window), else forecasts (steps 1..M)
+    freq: pd.DateOffset
+    inverse_target: Callable[[np.ndarray], np.ndarray]  # (..., Dy) scaled -> original units
+    units: Mapping[str, str] = field(default_factory=dict)  # data.units: a column's unit, where given
+
+    @classmethod
+    def of(cls, datamodule, split: str) -> SplitView:
+        """The view of `split` ("val", "test") of a data module that is set up."""
+        return cls(
+            windows=datamodule.window_info(split),
+            target_times=datamodule.target_times(split),
+            target_names=tuple(datamodule.target_names),
+            context_len=datamodule.context_len,
+            horizon=datamodule.horizon,
+            freq=datamodule.freq,
+            inverse_target=datamodule.features.inverse_target,
+            units=dict(getattr(datamodule, "units", None) or {}),
+        )
+
+    @property
+    def first_step(self) -> int:
+        """How the CSV numbers the first target step: 1 for forecasts, 0 in a reconstructed window."""
+        return 1 if self.horizon > 0 else 0
+
+
 def forecasts_frame(
-    datamodule,
-    split: str,
+    view: SplitView,
     pred_scaled: np.ndarray,
     true_scaled: np.ndarray,
     valid: np.ndarray | None = None,
@@ -39,50 +75,44 @@ def forecasts_frame(
     levels: list[float] | None = None,
     windows: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the split's dataset; `valid`
+    """`pred_scaled`, `true_scaled`: `(W, T_out, Dy)` in window order of the view's split; `valid`
     `(W, T_out)` False on steps filled in for a gap (data.fill): their y_true is left empty;
     `quantiles_scaled` `(W, T_out, Dy, K)` at `levels`: the columns `q<level>`.
     `windows`: indices of the windows to keep (e.g. the few a figure shows); None: all of them."""
-    info = datamodule.window_info(split)  # one row per window: series_id, origin_time
-    target_times = datamodule.target_times(split)  # (W, T_out)
+    info, target_times = view.windows, view.target_times  # (W,) rows, (W, T_out)
     W, T, Dy = pred_scaled.shape
     if len(info) != W or target_times.shape != (W, T):
-        raise ValueError(
-            f"{W} predicted windows of {T} steps, but the {split} split has {target_times.shape}"
-        )
+        raise ValueError(f"{W} predicted windows of {T} steps, but the split has {target_times.shape}")
     if windows is not None:
         info, target_times = info.iloc[windows].reset_index(drop=True), target_times[windows]
         pred_scaled, true_scaled = pred_scaled[windows], true_scaled[windows]
         valid = None if valid is None else np.asarray(valid)[windows]
         quantiles_scaled = None if quantiles_scaled is None else quantiles_scaled[windows]
         W = len(info)
-    pred = datamodule.features.inverse_target(pred_scaled)  # (W, T, Dy) original units
-    true = datamodule.features.inverse_target(true_scaled)
+    pred = view.inverse_target(pred_scaled)  # (W, T, Dy) original units
+    true = view.inverse_target(true_scaled)
     if valid is not None:
         true = np.where(np.asarray(valid)[..., None], true, np.nan)  # nobody measured a filled step
     # rows ordered window -> step -> variable: index arrays broadcast to (W, T, Dy), then flattened
     w, t, v = (i.ravel() for i in np.meshgrid(np.arange(W), np.arange(T), np.arange(Dy), indexing="ij"))
-    keys = _key_columns(datamodule, info, target_times, w, t, v)
+    keys = _key_columns(view, info, target_times, w, t, v)
     frame = pd.DataFrame({**keys, "y_true": true.reshape(-1), "y_pred": pred.reshape(-1)}, columns=COLUMNS)
     if quantiles_scaled is not None:
-        q = datamodule.features.inverse_target(
-            np.moveaxis(quantiles_scaled, -1, -2)
-        )  # (W, T, K, Dy) original
+        q = view.inverse_target(np.moveaxis(quantiles_scaled, -1, -2))  # (W, T, K, Dy) original
         frame = with_quantile_columns(frame, np.moveaxis(q, -2, -1), levels)
     return frame
 
 
-def _key_columns(datamodule, info: pd.DataFrame, target_times: np.ndarray, w, t, v) -> dict:
+def _key_columns(view: SplitView, info: pd.DataFrame, target_times: np.ndarray, w, t, v) -> dict:
     """`series_id, origin_time, target_time, step, variable` of the rows with window, step and
     variable indices `w, t, v` (flat arrays); steps numbered 1..M for forecasts, 0..N-1 for
     reconstruction."""
-    first_step = 1 if datamodule.horizon > 0 else 0
     return {
         "series_id": info["series_id"].to_numpy()[w],
         "origin_time": info["origin_time"].to_numpy()[w],
         "target_time": target_times[w, t],
-        "step": t + first_step,
-        "variable": np.asarray(datamodule.target_names, dtype=object)[v],
+        "step": t + view.first_step,
+        "variable": np.asarray(view.target_names, dtype=object)[v],
     }
 
 
@@ -123,39 +153,35 @@ def _write_atomically(path: str | Path, write) -> Path:
     return path
 
 
-def paths_frame(datamodule, split: str, paths_scaled: np.ndarray) -> pd.DataFrame:
-    """Sampled paths `(W, S, T, Dy)` (scaled, window order of the split) -> the long frame of the
-    module docstring, original units; rows window -> path -> step -> variable."""
-    info = datamodule.window_info(split)
-    target_times = datamodule.target_times(split)  # (W, T)
+def paths_frame(view: SplitView, paths_scaled: np.ndarray) -> pd.DataFrame:
+    """Sampled paths `(W, S, T, Dy)` (scaled, window order of the view's split) -> the long frame of
+    the module docstring, original units; rows window -> path -> step -> variable."""
+    info, target_times = view.windows, view.target_times  # (W,) rows, (W, T)
     W, S, T, Dy = paths_scaled.shape
     if len(info) != W or target_times.shape != (W, T):
-        raise ValueError(f"{W} windows of {T} steps of paths, but the {split} split has {target_times.shape}")
-    values = datamodule.features.inverse_target(paths_scaled)  # (W, S, T, Dy) original units
+        raise ValueError(f"{W} windows of {T} steps of paths, but the split has {target_times.shape}")
+    values = view.inverse_target(paths_scaled)  # (W, S, T, Dy) original units
     # rows ordered window -> path -> step -> variable
     w, s, t, v = (i.ravel() for i in np.meshgrid(*(np.arange(n) for n in (W, S, T, Dy)), indexing="ij"))
-    keys = _key_columns(datamodule, info, target_times, w, t, v)
+    keys = _key_columns(view, info, target_times, w, t, v)
     return pd.DataFrame({**keys, "path": s, "value": values.reshape(-1)})
 
 
 def mae_by_step(
-    datamodule, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None
+    view: SplitView, pred_scaled: np.ndarray, true_scaled: np.ndarray, valid: np.ndarray | None = None
 ) -> pd.DataFrame:
     """Mean absolute error in original units over all windows, per variable and step: columns
     `variable, step, mae` (steps numbered as in the CSV; filled steps not scored). From the arrays,
     so that it needs no CSV-sized frame (ETTm1 at H=720: 56 million rows)."""
-    err = np.abs(
-        datamodule.features.inverse_target(pred_scaled) - datamodule.features.inverse_target(true_scaled)
-    )  # (W, T, Dy)
+    err = np.abs(view.inverse_target(pred_scaled) - view.inverse_target(true_scaled))  # (W, T, Dy)
     if valid is not None:
         err = np.where(np.asarray(valid)[..., None], err, np.nan)
     mae = np.nanmean(err, axis=0)  # (T, Dy)
     T, Dy = mae.shape
-    first_step = 1 if datamodule.horizon > 0 else 0
     return pd.DataFrame(
         {
-            "variable": np.repeat(np.asarray(datamodule.target_names, dtype=object), T),
-            "step": np.tile(np.arange(T) + first_step, Dy),
+            "variable": np.repeat(np.asarray(view.target_names, dtype=object), T),
+            "step": np.tile(np.arange(T) + view.first_step, Dy),
             "mae": mae.T.reshape(-1),  # (Dy, T) -> variable-major rows
         }
     )

@@ -2,12 +2,14 @@
 by step, attention maps; with a distribution head also a fan chart (median, 50% and 80% bands).
 
 Each is meant to be read at a glance by someone who knows the plant, not the model: values in the
-variable's original units (the data says no unit: "original units"), times on the axes, one legend
-per figure, colour bars on maps."""
+variable's unit (`data.units`; without one, "original units"), times on the axes (steps ahead in time
+too), one legend per figure, inside it at any width, colour bars on maps. The figures read a
+`SplitView` of the data (names, times, window positions), never the data module."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import matplotlib
 
@@ -20,19 +22,25 @@ import torch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from torch.utils.data import default_collate
 
+from tsformer.export import SplitView
 from tsformer.nn.patching import n_patches
 
 LAYER_NAME = re.compile(r"(?P<stack>\w+)\.blocks\.(?P<index>\d+)\.(?P<kind>self|cross)_attn")
 
 
 def forecast_windows_figure(
-    forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4, reconstruction: bool = False
+    forecasts: pd.DataFrame,
+    history: pd.DataFrame,
+    n_windows: int = 4,
+    reconstruction: bool = False,
+    units: Mapping[str, str] | None = None,
 ):
     """A grid: rows = a few test windows spread over the test period, columns = target variables.
 
     forecasts: the export frame (original units); history: columns series_id, time, <targets>, the
     validated data, from which each forecast's history is drawn. `reconstruction`: the frame holds
-    state reconstructions (windows from `origin_time` on), not forecasts after it.
+    state reconstructions (windows from `origin_time` on), not forecasts after it. `units`: a
+    variable's unit for its y axis (`data.units`).
     """
 
     def draw(ax, w):
@@ -40,20 +48,48 @@ def forecast_windows_figure(
         predicted = "reconstruction" if reconstruction else "forecast"
         ax.plot(w.target_time, w.y_pred, color="tab:red", lw=1.2, label=predicted)
 
-    return _window_grid(forecasts, history, n_windows, draw, reconstruction)
+    return _window_grid(forecasts, history, n_windows, draw, reconstruction, units)
+
+
+def unit_of(variable: str, units: Mapping[str, str] | None) -> str:
+    """How an axis names a variable's unit: `data.units`' entry, else "original units"."""
+    return (units or {}).get(variable) or "original units"
+
+
+def figure_legend(fig, handles, labels, fontsize: float = 8):
+    """One legend for the figure, above its panels (room made by the constrained layout), in as many
+    columns as fit the figure's width: never cut off at its edges, however narrow the figure."""
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(len(labels), 0, -1):
+        legend = fig.legend(
+            handles, labels, loc="outside upper center", ncol=ncol, fontsize=fontsize, frameon=False
+        )
+        if ncol == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return legend
+        legend.remove()
+    return None  # no labels
 
 
 def _window_grid(
-    forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int, draw, reconstruction: bool = False
+    forecasts: pd.DataFrame,
+    history: pd.DataFrame,
+    n_windows: int,
+    draw,
+    reconstruction: bool = False,
+    units: Mapping[str, str] | None = None,
 ):
     """The grid of `forecast_windows_figure`: in each panel `draw(ax, rows of that window and variable)`,
     after a forecast's history up to its origin (a reconstruction has none: its window is all inputs).
-    One legend for the figure; y-axes in the variable's original units; dates written concisely."""
+    One legend for the figure; y-axes in the variable's unit; dates written concisely."""
     variables = list(dict.fromkeys(forecasts["variable"]))
     origins = forecasts[["series_id", "origin_time"]].drop_duplicates().reset_index(drop=True)
     picks = origins.iloc[np.linspace(0, len(origins) - 1, min(n_windows, len(origins))).round().astype(int)]
     fig, axes = plt.subplots(
-        len(picks), len(variables), figsize=(5 * len(variables), 2.6 * len(picks)), squeeze=False
+        len(picks),
+        len(variables),
+        figsize=(5 * len(variables), 2.6 * len(picks) + 0.4),
+        squeeze=False,
+        layout="constrained",  # makes room for the legend above the panels
     )
     for row, (_, origin) in enumerate(picks.iterrows()):
         window = forecasts[
@@ -70,14 +106,12 @@ def _window_grid(
                 ax.axvline(start, color="0.3", lw=0.8, ls=":", label="forecast origin")
             draw(ax, window[window.variable == var])
             ax.set_title(f"series {origin.series_id} · {_window_start(start, reconstruction)}", fontsize=8)
-            ax.set_ylabel(f"{var}\n(original units)", fontsize=7)
+            ax.set_ylabel(f"{var}\n({unit_of(var, units)})", fontsize=7)
             _concise_dates(ax.xaxis)
             ax.tick_params(labelsize=7)
             ax.xaxis.get_offset_text().set_fontsize(7)
             ax.grid(alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the legend above the panels
+    figure_legend(fig, *axes[0, 0].get_legend_handles_labels())
     return fig
 
 
@@ -96,51 +130,83 @@ def _concise_dates(axis) -> None:
 
 
 def error_by_step_figure(
-    model: pd.DataFrame, baseline: pd.DataFrame | None = None, reconstruction: bool = False
+    model: pd.DataFrame,
+    baseline: pd.DataFrame | None = None,
+    reconstruction: bool = False,
+    freq=None,
+    units: Mapping[str, str] | None = None,
 ):
-    """Mean absolute error (original units) against the step, one line per variable (and baseline).
+    """Mean absolute error (each variable's unit) against the step, one line per variable (and baseline).
 
     model, baseline: `export.mae_by_step` tables (columns variable, step, mae); `reconstruction`: the
-    steps are positions in a reconstructed window (from 0), not steps ahead of a forecast origin."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    steps are positions in a reconstructed window (from 0), not steps ahead of a forecast origin.
+    `freq` (the data's step): a second axis, on top, says the steps in time; `units`: `data.units`."""
+    fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
+    shown = {var: unit_of(var, units) for var in dict.fromkeys(model.variable)}
+    one_unit = len(set(shown.values())) == 1
     for var, group in model.groupby("variable", sort=False):
-        line = ax.plot(group.step, group.mae, label=f"{var}: model")[0]
+        name = var if one_unit else f"{var} ({shown[var]})"
+        line = ax.plot(group.step, group.mae, label=f"{name}: model")[0]
         if baseline is not None:
             b = baseline[baseline.variable == var]
-            ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{var}: naive baseline")
+            ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{name}: naive baseline")
     steps = "position in the window (steps from its start)" if reconstruction else "steps ahead of the origin"
     ax.set_xlabel(steps)
-    ax.set_ylabel("mean absolute error\n(original units)")
+    ax.set_ylabel(
+        f"mean absolute error\n({next(iter(shown.values())) if one_unit else 'each variable’s unit'})"
+    )
+    _time_axis(
+        ax, freq, model.step.max(), "from the window start" if reconstruction else "ahead of the origin"
+    )
     ax.set_title("Error of the test windows by step", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    figure_legend(fig, *ax.get_legend_handles_labels(), fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
-def attention_figure(task, datamodule, window: int | None = None):
-    """The attention maps of every layer and head while `task` forecasts one test window (default:
-    the middle one), as in evaluation (`WindowTask.attention_maps`); see `attention_maps_figure`.
-    The tokens are labelled with the times they stand for (`_token_times`).
+def _time_axis(ax, freq, last_step: int, what: str) -> None:
+    """A second x axis on top of a steps axis: the same steps as a time (minutes, hours or days, as
+    suits the span), for data sampled every `freq`. None, or a calendar frequency such as months,
+    whose steps have no one duration: no second axis."""
+    try:
+        step = pd.Timedelta(freq) if freq is not None else None
+    except (TypeError, ValueError):
+        step = None
+    if step is None or step <= pd.Timedelta(0):
+        return
+    span = step * max(int(last_step), 1)
+    for unit, size in (("days", "1D"), ("hours", "1h"), ("minutes", "1min"), ("seconds", "1s")):
+        if span >= 2 * pd.Timedelta(size) or unit == "seconds":
+            break
+    per_step = step / pd.Timedelta(size)  # the time of one step in `unit`
+    top = ax.secondary_xaxis("top", functions=(lambda x: x * per_step, lambda x: x / per_step))
+    top.set_xlabel(f"time {what} ({unit})", fontsize=8)
+    top.tick_params(labelsize=7)
+
+
+def attention_figure(task, view: SplitView, dataset, window: int | None = None):
+    """The attention maps of every layer and head while `task` forecasts one window of `dataset`
+    (default: the middle one), as in evaluation (`WindowTask.attention_maps`); see
+    `attention_maps_figure`. `view`: the same split's windows; the tokens are labelled with the times
+    they stand for (`_token_times`).
 
     With channel independence the network sees one series per target channel: the maps shown are
     those of the first target's series.
     """
-    dataset = datamodule.datasets["test"]
     index = len(dataset) // 2 if window is None else int(window)
     batch = {k: v.to(task.device) for k, v in default_collate([dataset[index]]).items()}
     maps = {name: weights[0] for name, weights in task.attention_maps(batch).items()}  # (H, Tq, Tk) each
-    info = datamodule.window_info("test").iloc[index]
+    info = view.windows.iloc[index]
     origin = pd.Timestamp(info.origin_time)
-    when = _window_start(origin, reconstruction=datamodule.horizon == 0)
+    when = _window_start(origin, reconstruction=view.horizon == 0)
     title = f"{task.family}: attention in test window {index} (series {info.series_id}, {when})"
     if task.options.channel_independent:
         title += f"\nthe series of {task.target_names[0]} (channel-independent: one series per target)"
-    times = {name: _token_times(task, datamodule, name, w.shape[-2:], origin) for name, w in maps.items()}
+    times = {name: _token_times(task, view, name, w.shape[-2:], origin) for name, w in maps.items()}
     return attention_maps_figure(maps, title, times)
 
 
-def _token_times(task, datamodule, name: str, shape: tuple[int, int], origin: pd.Timestamp):
+def _token_times(task, view: SplitView, name: str, shape: tuple[int, int], origin: pd.Timestamp):
     """(query times, key times) of the layer `name`'s map of `shape` (Tq, Tk): the time of the step
     each token stands for (a patch: its first step), None for an axis whose tokens are not recognised.
 
@@ -148,8 +214,8 @@ def _token_times(task, datamodule, name: str, shape: tuple[int, int], origin: pd
     window is its N steps): the encoder's are the history (with future known covariates: then the
     future), the encoder-decoder's decoder's the future, the decoder-only's the N+M-1 steps it is fed.
     """
-    N, M = datamodule.context_len, datamodule.horizon
-    first = origin - (N - 1) * datamodule.freq if M > 0 else origin  # the window's first step
+    N, M = view.context_len, view.horizon
+    first = origin - (N - 1) * view.freq if M > 0 else origin  # the window's first step
     match = LAYER_NAME.search(name)
     by_count = {N: np.arange(N), N + M: np.arange(N + M), N + M - 1: np.arange(N + M - 1)}
     patch_len = task.hparams.get("patch_len")
@@ -166,7 +232,7 @@ def _token_times(task, datamodule, name: str, shape: tuple[int, int], origin: pd
         return by_count.get(n)
 
     return tuple(
-        None if (s := steps(n, is_query)) is None else first + s * datamodule.freq
+        None if (s := steps(n, is_query)) is None else first + s * view.freq
         for n, is_query in ((shape[0], True), (shape[1], False))
     )
 
@@ -251,7 +317,9 @@ def _layer_label(name: str) -> tuple[str, str]:
     return label, "memory token" if match["kind"] == "cross" else "key token"
 
 
-def fan_chart_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4):
+def fan_chart_figure(
+    forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: int = 4, units: Mapping[str, str] | None = None
+):
     """Probabilistic forecasts of a few test windows: the median, the central 50% and 80% bands
     (columns q0.25-q0.75 and q0.1-q0.9 of `forecasts`), the actuals and the context before the origin.
 
@@ -270,4 +338,4 @@ def fan_chart_figure(forecasts: pd.DataFrame, history: pd.DataFrame, n_windows: 
         ax.plot(w.target_time, w["q0.5"], color="tab:blue", lw=1.2, label="forecast median")
         ax.plot(w.target_time, w.y_true, color="k", lw=1.2, label="measured")
 
-    return _window_grid(forecasts, history, n_windows, draw)
+    return _window_grid(forecasts, history, n_windows, draw, units=units)

@@ -10,8 +10,10 @@ These are the steps; `callbacks.MLflowRun` takes them in a training run's order.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -55,12 +57,18 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     of the name at once race creating it. Here both happen under a lock (a file in the temporary
     folder, named after the database): one process creates, the others find. Other URIs (servers,
     which migrate once at their start): nothing to do.
+
+    A new experiment keeps its runs' files and logged models in `mlruns/` beside the database. MLflow's
+    default is `./mlruns` of the folder the experiment happened to be created from: a database given by
+    its path (`sqlite:////data/mlflow.db`, a test's temporary one) would otherwise scatter them into
+    whichever folder a run started in.
     """
     prefix = "sqlite:///"
     if not uri or not uri.startswith(prefix):
         return
     from filelock import FileLock
     from mlflow import MlflowClient
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     database = uri.removeprefix(prefix)
     lock = (
@@ -70,7 +78,14 @@ def prepare_sqlite_store(uri: str | None, experiment_name: str | None) -> None:
     with FileLock(lock):
         client = MlflowClient(uri)  # opening the database creates its tables when there are none
         if experiment_name and client.get_experiment_by_name(experiment_name) is None:
-            client.create_experiment(experiment_name)
+            # MLflow's layout (`mlruns/<experiment id>/`), rooted beside the database
+            SqlAlchemyStore(uri, artifact_root(uri)).create_experiment(experiment_name)
+
+
+def artifact_root(sqlite_uri: str) -> str:
+    """Where the experiments of a `sqlite:///` database keep their artifacts (runs' files, logged
+    models), each in a folder named by its id: `mlruns/` beside the database."""
+    return str(Path(sqlite_uri.removeprefix("sqlite:///")).resolve().parent / "mlruns")
 
 
 @contextmanager
@@ -199,6 +214,21 @@ def git_commit() -> str:
         return "unknown"
 
 
+# the characters MLflow allows in a param's name
+PARAM_NAME = re.compile(r"^[\w\-. :/]+$")
+
+
+def param_safe(config):
+    """`config` with each mapping that has a key MLflow refuses in a param name (a column name such as
+    `LV ActivePower (kW)` in `data.units`) turned into one value, its JSON: Lightning flattens the
+    mappings into the params' names."""
+    if not isinstance(config, Mapping):
+        return config
+    if not all(PARAM_NAME.match(str(key)) for key in config):
+        return json.dumps(config, ensure_ascii=False, default=str)
+    return {key: param_safe(value) for key, value in config.items()}
+
+
 def start_run(
     logger: MLFlowLogger, config: dict, tags: dict[str, str], system_metrics: dict | None = None
 ) -> str:
@@ -207,7 +237,7 @@ def start_run(
     client, run_id = logger.experiment, logger.run_id
     if EXPERIMENT_KIND_TAG not in client.get_experiment(logger.experiment_id).tags:
         client.set_experiment_tag(logger.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    logger.log_hyperparams(config)  # flattened by Lightning: "model/net/d_model" etc.
+    logger.log_hyperparams(param_safe(config))  # flattened by Lightning: "model/net/d_model" etc.
     client.log_text(run_id, OmegaConf.to_yaml(config), "config/resolved.yaml")
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
@@ -246,10 +276,16 @@ def log_files(logger: MLFlowLogger, files: list[tuple[str, Path]]) -> None:
         logger.experiment.log_artifact(logger.run_id, str(path), folder)
 
 
-def log_figure(logger: MLFlowLogger, fig, artifact_file: str) -> None:
+def log_figure(logger: MLFlowLogger, fig, artifact_file: str, folder: Path | None = None) -> None:
+    """Log `fig` as the run's artifact `artifact_file` (`plots/x.png`), and write it as
+    `folder`/`artifact_file` too when given (the run's output folder, beside its CSV)."""
     import matplotlib.pyplot as plt
 
     logger.experiment.log_figure(logger.run_id, fig, artifact_file)
+    if folder is not None:
+        path = Path(folder) / artifact_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
     plt.close(fig)  # logged: no need to keep it (pyplot keeps every open figure alive)
 
 
@@ -316,7 +352,8 @@ def log_pyfunc_model(
     (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
     A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
     nothing and needs no Hydra config. The signature is inferred from an example table and its
-    forecasts (a parameter `origin`, empty by default); `optional_inputs` may be left out. Returns the
+    forecasts (a parameter `origin`, empty by default), its times of any type; `optional_inputs` may be
+    left out. Returns the
     model URI.
     """
     import warnings
@@ -324,7 +361,8 @@ def log_pyfunc_model(
 
     import mlflow
     from mlflow.models import Model, infer_signature
-    from mlflow.types import ColSpec, Schema
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import AnyType
 
     import tsformer
     from tsformer import mlflow_model
@@ -332,11 +370,19 @@ def log_pyfunc_model(
     with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
         warnings.simplefilter("ignore", UserWarning)
         signature = infer_signature(example_input, example_output, params={"origin": ""})
-    if optional_inputs:  # columns a table may leave out (a classifier's labels), which MLflow would demand
-        columns = signature.inputs.inputs
-        signature.inputs = Schema(
-            [ColSpec(c.type, c.name, required=c.name not in optional_inputs) for c in columns]
-        )
+    # Times come as text from pd.read_csv and JSON requests: MLflow's datetime type refuses pandas 3's
+    # text columns and would guess their format; the model reads them as predict.py does (the training
+    # data's format), parsed times too. Columns a table may leave out (a classifier's labels) are optional.
+    signature.inputs = Schema(
+        [
+            ColSpec(
+                AnyType() if c.type == DataType.datetime else c.type,
+                c.name,
+                required=c.name not in optional_inputs,
+            )
+            for c in signature.inputs.inputs
+        ]
+    )
     requirements = []
     for package in ("torch", "lightning", "pandas", "numpy", "scikit-learn", "mlflow"):
         try:

@@ -153,6 +153,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         time_format: str | None = None,
         csv: dict | None = None,
         allow_empty_targets: bool = False,
+        units: dict | None = None,
     ):
         super().__init__()
         self.source = source
@@ -196,6 +197,12 @@ class TimeSeriesDataModule(L.LightningDataModule):
         overlap = sorted(set(self.extra_cols) & {self.schema.time_col, *self.schema.value_cols})
         if overlap:
             raise ValueError(f"extra_cols {overlap} already have a role in the model's columns")
+        # a column's unit for the figures' axes ("kW", "°C"); a column without one: "original units"
+        self.units = {str(k): str(v) for k, v in (units or {}).items() if v is not None}
+        if unknown := sorted(set(self.units) - set(self.schema.value_cols)):
+            raise ValueError(
+                f"data.units names {unknown}, not columns of the model (its columns: {self.schema.value_cols})"
+            )
 
         self.features: FeaturePipeline | None = None  # fitted on the train rows by setup()
         self.kept_features: FeaturePipeline | None = None  # a refit's: its model's own (keep_features)

@@ -3,7 +3,7 @@ hashes, and write the simulated data sets as tables.
 
     tsformer-data fetch ett [--dest data/ETT-small] [--base-url URL] [--files ETTh1,ETTm1]
     python -m tsformer.data.fetch ett [same options]
-    tsformer-data simulate plant|wind|sensor --output plant.csv [--n-steps 6000 --seed 0 ...]
+    tsformer-data simulate plant|wind|sensor|plant_regime --output plant.csv [--n-steps 6000 --seed 0 ...]
         [--future-steps N]
 
 Each file is downloaded to a temporary name in the destination folder, hashed while it arrives, and
@@ -14,6 +14,7 @@ hash is not downloaded again. Only the standard library is used (urllib).
 `simulate` writes what `data=<name>` trains on (conf/data/<name>.yaml: its simulator settings are
 the defaults of the options), with the columns that config uses, as a CSV that `data=csv` reads;
 `--future-steps N` empties the targets of each series' last N rows, the layout `predict.py` reads.
+A labelled stream (`plant_regime`) is written with its label column, as `predict.py` classifies it.
 """
 
 from __future__ import annotations
@@ -232,16 +233,32 @@ def simulator_settings(config: dict) -> dict:
 
 def simulated_table(config: dict, settings: dict, future_steps: int = 0) -> tuple:
     """(table, target columns): the simulated data of `config` with the columns it uses; the target
-    cells of each series' last `future_steps` rows are empty (the rows a forecast fills in)."""
+    cells of each series' last `future_steps` rows are empty (the rows a forecast fills in). A labelled
+    stream (`data=plant_regime`) has its label as the target: the channels and one label per step."""
     table = _simulator(config)(**settings)
-    targets = list(config["target_cols"])
-    used = {*targets, *config.get("known_cols", []), *config.get("observed_cols", [])}
+    targets = list(config.get("target_cols") or [config["label_col"]])
+    roles = ("known_cols", "observed_cols", "channel_cols")
+    used = {*targets, *(c for role in roles for c in config.get(role) or [])}
     table = table[[c for c in table.columns if c in ("series_id", "time") or c in used]]
     if future_steps:
         future = table.groupby("series_id").cumcount(ascending=False) < future_steps
         table = table.astype({c: float for c in targets})
         table.loc[future, targets] = float("nan")
     return table, targets
+
+
+# the options of `simulate`: the plant's simulator's settings (the others take some of them)
+SIMULATOR_OPTIONS = dict(inspect.signature(simulators.simulate_plant).parameters)
+
+
+def _option(setting: str) -> str:
+    return f"--{setting.replace('_', '-')}"
+
+
+def _refuse(message: str) -> int:
+    """A bad option: one line, exit status 2, nothing written."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> None:
@@ -256,10 +273,10 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
         help="leave the target cells of each series' last N rows empty: history, then N future rows\n"
         "with the known covariates only, as predict.py reads them (N >= the model's horizon)",
     )
-    # the simulators share their settings (n_series, n_steps, freq, start, seed)
-    for name, setting in inspect.signature(simulators.simulate_plant).parameters.items():
+    # the simulators share their settings (n_series, n_steps, freq, start, seed); the plant has more
+    for name, setting in SIMULATOR_OPTIONS.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
+            _option(name),
             type=type(setting.default),
             default=None,
             help=f"the simulator's {name} (default: as data=<name> trains on it)",
@@ -269,14 +286,24 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
 def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
     config = configs[args.dataset]
     settings = simulator_settings(config)
-    settings.update({k: getattr(args, k) for k in settings if getattr(args, k) is not None})
-    if not 0 <= args.future_steps < settings["n_steps"]:
-        print(
-            f"error: --future-steps {args.future_steps} must be at least 0 and below --n-steps "
-            f"{settings['n_steps']} (the rows before them are the history)",
-            file=sys.stderr,
+    given = {k: v for k, v in vars(args).items() if k in SIMULATOR_OPTIONS and v is not None}
+    if unknown := sorted(set(given) - set(settings)):
+        return _refuse(
+            f"{', '.join(_option(k) for k in unknown)}: not a setting of {args.dataset}'s simulator "
+            f"({config['source']['_target_']}); its settings: {', '.join(_option(k) for k in settings)}"
         )
-        return 2
+    settings.update(given)
+    labelled = not config.get("target_cols")  # a classification stream: a label per step, no forecast
+    if labelled and args.future_steps:
+        return _refuse(
+            f"--future-steps: {args.dataset} is a labelled stream for classification (a label per step), "
+            f"not a forecast's data; leave --future-steps out"
+        )
+    if not 0 <= args.future_steps < settings["n_steps"]:
+        return _refuse(
+            f"--future-steps {args.future_steps} must be at least 0 and below --n-steps "
+            f"{settings['n_steps']} (the rows before them are the history)"
+        )
     table, targets = simulated_table(config, settings, args.future_steps)
     path = Path(args.output).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,7 +312,16 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
         f"{path.resolve()}: {args.dataset}, {settings['n_series']} series x {settings['n_steps']} steps "
         f"of {settings['freq']} (seed {settings['seed']}), columns {', '.join(table.columns)}"
     )
-    if args.future_steps:
+    if labelled:
+        channels = ",".join(config["channel_cols"])
+        print(
+            f"classify it with a model trained on data={args.dataset}: "
+            f"{command_line('predict', '<run id>', shlex.quote(str(path)), '--output classes.csv')}\n"
+            f"or train on it: {command_line('train', 'model=enc_only_classifier data=stream')} "
+            f"data.source={shlex.quote(str(path))} data.series_col=series_id data.channel_cols=[{channels}] "
+            f"data.label_col={targets[0]}"
+        )
+    elif args.future_steps:
         print(
             f"the targets ({', '.join(targets)}) of each series' last {args.future_steps} rows are empty; "
             f"forecast them: {command_line('predict', '<run id>', shlex.quote(str(path)), '--output forecasts.csv')}"

@@ -37,6 +37,11 @@ def _nothing(*args) -> None:
     return None
 
 
+def _model_predict(model, table: pd.DataFrame, origin: str | None, source: str) -> pd.DataFrame:
+    """The inference object's own predictions of `table` (forecasts, classes)."""
+    return model.predict(table, origin=origin, source=source)
+
+
 @dataclass(frozen=True)
 class Job:
     """One job of the application: everything about a run that is not the task itself.
@@ -62,6 +67,8 @@ class Job:
     predict: Callable[[Any, pd.DataFrame, argparse.Namespace], str]  # predict.py: writes args.output
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
+    # a table in, the job's rows out (model, table, origin, source): what `tsformer-serve` answers with
+    predict_table: Callable[[Any, pd.DataFrame, str | None, str], pd.DataFrame] = _model_predict
     # the predict.py option that asks for this job's use, and its help; predict.py refuses it for another
     # job's model, and refuses this job's model without it
     predict_flag: tuple[str, str] | None = None
@@ -104,7 +111,8 @@ def print_summary(job: Job, logger, metrics: dict[str, float], baselines: list, 
     lines = ["", RULE]
     if logger is not None:
         uri = logger.experiment.tracking_uri
-        page = f"#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
+        # the query opens MLflow 3's UI on its model-training pages, not its GenAI ones
+        page = f"#/experiments/{logger.experiment_id}/runs/{logger.run_id}?workflowType=machine_learning"
         served = uri.startswith(("http://", "https://"))  # a tracking server shows the run itself
         ui = f"{shlex.quote(os.path.abspath(sys.executable))} -m mlflow ui --backend-store-uri {shlex.quote(uri)}"
         look = f"{uri.rstrip('/')}/{page}" if served else f"{ui}   then open http://127.0.0.1:5000/{page}"

@@ -86,9 +86,12 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     logger.experiment.log_metric(logger.run_id, "test/n_samples", len(outputs.forecasts))
     tested, classes = task.test_outputs, datamodule.classes
     figure = confusion_figure(tested["true"], tested["proba"].argmax(axis=1), classes)
-    tracking.log_figure(logger, figure, "plots/confusion_matrix.png")
+    beside_csv = Path(cfg.paths.output_dir)  # the figures in the run's output folder too
+    tracking.log_figure(logger, figure, "plots/confusion_matrix.png", beside_csv)
     curves = {"model": tested["proba"], **{b.name: tested[b.name] for b in task.baselines}}
-    tracking.log_figure(logger, reliability_figure(tested["true"], curves), "plots/reliability.png")
+    tracking.log_figure(
+        logger, reliability_figure(tested["true"], curves), "plots/reliability.png", beside_csv
+    )
 
 
 def confusion_figure(true: np.ndarray, pred: np.ndarray, classes: list[str]):

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from tsformer import tracking
 from tsformer.data.datamodule import TimeSeriesDataModule
 from tsformer.export import (
+    SplitView,
     forecasts_frame,
     mae_by_step,
     paths_frame,
@@ -74,12 +75,12 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     if cfg.forecasts_file:
         quantiles = _quantiles(task, task.head.levels)
         forecasts = forecasts_frame(
-            datamodule, "test", tested["pred"], tested["true"], tested["valid"], *quantiles
+            SplitView.of(datamodule, "test"), tested["pred"], tested["true"], tested["valid"], *quantiles
         )
         csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
     if cfg.get("paths_file"):
         paths_path = write_parquet(
-            paths_frame(datamodule, "test", tested["paths"]), output_dir / cfg.paths_file
+            paths_frame(SplitView.of(datamodule, "test"), tested["paths"]), output_dir / cfg.paths_file
         )
     info = ModelInfo(
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
@@ -110,31 +111,36 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     client.log_metric(run_id, "test/n_windows", len(tested["pred"]))
     window_mse = datamodule.window_info("test").assign(mse=_window_mse(tested))
     client.log_text(run_id, window_mse.to_csv(index=False), WINDOW_MSE)
-    _log_figures(logger, cfg.n_plot_windows, task, datamodule)
+    _log_figures(logger, cfg, task, datamodule)
 
 
-def _log_figures(logger, n_plot: int, task, datamodule) -> None:
+def _log_figures(logger, cfg: DictConfig, task, datamodule) -> None:
     """Test windows, error by step, attention and (distribution heads) the fan chart, drawn from
-    the test arrays without the CSV-sized frame."""
+    the test arrays without the CSV-sized frame; in MLflow and in the run's output folder."""
     tested = task.test_outputs
+    n_plot = cfg.n_plot_windows
     shown = _plot_windows(len(tested["pred"]), n_plot)
-    windows = forecasts_frame(
-        datamodule, "test", tested["pred"], tested["true"], tested["valid"], windows=shown
-    )
+    view = SplitView.of(datamodule, "test")
+    windows = forecasts_frame(view, tested["pred"], tested["true"], tested["valid"], windows=shown)
     reconstruction = task.reconstructs  # the figures say "reconstruction", not "forecast"
     history = _history(datamodule)
-    figures = {"plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction)}
-    model_mae = mae_by_step(datamodule, tested["pred"], tested["true"], tested["valid"])
-    baseline_mae = mae_by_step(datamodule, tested["baseline"], tested["true"], tested["valid"])
-    figures["plots/error_by_step.png"] = error_by_step_figure(model_mae, baseline_mae, reconstruction)
-    for name, fig in figures.items():
-        tracking.log_figure(logger, fig, name)
-    tracking.log_figure(logger, attention_figure(task, datamodule), "plots/attention.png")
+    units = view.units
+    figures = {
+        "plots/test_windows.png": forecast_windows_figure(windows, history, n_plot, reconstruction, units)
+    }
+    model_mae = mae_by_step(view, tested["pred"], tested["true"], tested["valid"])
+    baseline_mae = mae_by_step(view, tested["baseline"], tested["true"], tested["valid"])
+    figures["plots/error_by_step.png"] = error_by_step_figure(
+        model_mae, baseline_mae, reconstruction, view.freq, units
+    )
+    figures["plots/attention.png"] = attention_figure(task, view, datamodule.datasets["test"])
     if task.head.probabilistic:
         quantiles = select_levels(tested["quantiles"], task.report_levels, BAND_LEVELS)
         args = (tested["pred"], tested["true"], tested["valid"], quantiles, BAND_LEVELS)
-        bands = forecasts_frame(datamodule, "test", *args, windows=shown)
-        tracking.log_figure(logger, fan_chart_figure(bands, history, n_plot), "plots/fan_chart.png")
+        bands = forecasts_frame(view, *args, windows=shown)
+        figures["plots/fan_chart.png"] = fan_chart_figure(bands, history, n_plot, units)
+    for name, fig in figures.items():  # in MLflow, and beside the forecasts CSV
+        tracking.log_figure(logger, fig, name, Path(cfg.paths.output_dir))
 
 
 def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -192,11 +192,17 @@ def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
     return f"filled {result.n_filled} empty cell(s) of {model.contract.target_cols}: {path.resolve()}"
 
 
+def predict_table(model: Forecaster, table: pd.DataFrame, origin: str | None, source: str) -> pd.DataFrame:
+    """The table with the model's empty cells filled and flagged (`origin` does not apply)."""
+    return impute(model, table, source=source).table
+
+
 JOB = replace(
     forecasting.JOB,
     name="imputation",
     tasks=(MaskedFillIn,),
     predict=predict,
+    predict_table=predict_table,
     usage=predict_usage("fill in missing values", "--impute", "--output", "filled.csv"),
     predict_flag=(
         "--impute",
