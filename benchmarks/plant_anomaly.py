@@ -1,9 +1,9 @@
 """Anomaly detection on the simulated plant with injected faults: the acceptance figures of
 `experiment=plant_anomaly` per seed (docs/anomaly.md, benchmarks/RESULTS_anomaly.md).
 
-    OMP_NUM_THREADS=1 python benchmarks/plant_anomaly.py                      # masked, seeds 0 1 2
-    OMP_NUM_THREADS=1 python benchmarks/plant_anomaly.py --method forecast --seeds 0
-    OMP_NUM_THREADS=1 python benchmarks/plant_anomaly.py --set steps=30       # a quick check that it runs
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_anomaly.py                      # masked, seeds 0 1 2
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_anomaly.py --method forecast --seeds 0
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_anomaly.py --set steps=30       # a quick check that it runs
 
 Per seed (the detector's seed and the plant's, so the faults move too): the normal test rows' alarm
 rate against the target, and per fault whether an event overlaps it, its top channel and whether that
