@@ -27,10 +27,15 @@ ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive
 CLASSIFICATION |= ARCHIVE
 
 
+ANOMALY = {"plant_anomaly"}  # the anomaly job's data and experiment (tsformer.anomaly.job, no data module)
+
+
 def options(group: str, job: str = "forecasting") -> list[str]:
-    """The options of `group` for one job: forecasting (and reconstruction) or classification."""
+    """The options of `group` for one job: forecasting (and reconstruction), classification or anomaly."""
     every = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
-    return [o for o in every if (o in CLASSIFICATION) == (job == "classification")]
+    if job == "anomaly":
+        return [o for o in every if o in ANOMALY]
+    return [o for o in every if o not in ANOMALY and (o in CLASSIFICATION) == (job == "classification")]
 
 
 # small simulated data: composing must not wait on 20000-step simulations
@@ -120,6 +125,16 @@ def test_each_experiment(experiment, in_tmp):
     cfg = compose_small([f"experiment={experiment}"], in_tmp / "out")
     dm, _ = build(cfg)
     assert dm.n_windows("test") > 0
+
+
+@pytest.mark.parametrize("experiment", options("experiment", "anomaly"))
+def test_each_anomaly_experiment(experiment, in_tmp):
+    """Each composes the anomaly job's settings and a labelled table with its channels."""
+    cfg = compose_config([f"experiment={experiment}"], in_tmp / "out")
+    assert cfg.anomaly.method in ("masked", "forecast") and 0 < cfg.anomaly.false_alarm_rate < 1
+    table = instantiate(cfg.data.source)
+    assert set(cfg.data.target_cols) | {cfg.data.label_col} <= set(table.columns)
+    assert set(table[cfg.data.label_col].unique()) == {0, 1}
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,11 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
+    if cfg.get("anomaly") is not None:  # anomaly detection is a job of its own (tsformer.anomaly.job)
+        from tsformer.anomaly import job as anomaly_job
+
+        _refuse_used_output_folder(cfg)
+        return anomaly_job.run(cfg)
     settings.check(cfg)  # first: a setting that cannot work stops the run before data or MLflow
     tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None

@@ -1,1 +1,15 @@
-"""Anomaly detection: scores from trained models, calibrated alarms, events and their evaluation."""
+"""Anomaly detection: scores per step and channel from a model trained on normal rows, calibrated
+alarms and events, and their evaluation (docs/anomaly.md)."""
+
+from tsformer.anomaly.alarms import EventRule, calibrate_threshold, events_of
+from tsformer.anomaly.detector import METHODS, AnomalyDetector, Scores, fit_detector
+
+__all__ = [
+    "METHODS",
+    "AnomalyDetector",
+    "EventRule",
+    "Scores",
+    "calibrate_threshold",
+    "events_of",
+    "fit_detector",
+]
