@@ -27,13 +27,12 @@ from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
-from tsformer.jobs import JOBS, job_of_folder
+from tsformer.jobs import JOBS, STANDALONE_FOLDER_FILES, job_of_folder, standalone_of_folder
 from tsformer.model_folder import CONFIG_FILE
 from tsformer.tracking import TrackingServerUnreachable
 
 log = logging.getLogger(__name__)
 
-ANOMALY_CONFIG = "anomaly.json"  # an anomaly detector's model folder (tsformer.anomaly.job.CONFIG_FILE)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 # where a model folder lies inside the folders a user may point at
 MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
@@ -41,7 +40,7 @@ MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
 
 def find_model_folder(folder: Path) -> Path:
     for place in MODEL_FOLDER_PLACES:
-        if any((folder / place / name).is_file() for name in (CONFIG_FILE, ANOMALY_CONFIG)):
+        if any((folder / place / name).is_file() for name in (CONFIG_FILE, *STANDALONE_FOLDER_FILES)):
             return folder / place
     raise FileNotFoundError(
         f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
@@ -124,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            if (folder / ANOMALY_CONFIG).is_file():  # an anomaly detector (tsformer.anomaly.job)
-                return _judge_anomalies(folder, args)
+            standalone = standalone_of_folder(folder)  # a model of a job outside JOBS (jobs.STANDALONE)
+            if standalone is not None:
+                print(standalone.predict_folder(folder, args))
+                return 0
             job = job_of_folder(folder)
             model = job.load(folder)  # the inference object the job predicts with
         _check_flags(job, args)
@@ -157,21 +158,6 @@ def _check_flags(job, args) -> None:
             raise ValueError(
                 f"{args.model} is a model of the {job.name} job: add {flag} ({job.usage(args.model)})"
             )
-
-
-def _judge_anomalies(folder: Path, args) -> int:
-    """Score `args.data` with an anomaly model: per-row CSV at `args.output`, events beside it."""
-    from tsformer.anomaly.job import AnomalyModel, write_csv
-
-    model = AnomalyModel.load(folder)
-    flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
-    table = load_table(args.data, **flags)
-    rows, events, _ = model.judge(table)
-    path = write_csv(rows, Path(args.output))
-    events_path = write_csv(events, path.with_name(path.stem + "_events.csv"))
-    alarms = int(rows["alarm"].sum())
-    print(f"{len(rows)} rows scored, {alarms} alarms, {len(events)} events: {path}, {events_path}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from tsformer.anomaly.detector import (
     split_normal_rows,
 )
 from tsformer.data.schema import DataValidationError
-from tsformer.data.sources import load_table
+from tsformer.data.sources import CSV_OPTIONS, load_table
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +316,19 @@ def run(cfg: DictConfig):
     run_id = record(cfg, model, metrics, rows, scores, folder, [rows_path, events_path], judged)
     print_summary(metrics, rows, events, rows_path, folder)
     return RunResult(metrics, run_id, detector.val_loss, folder, rows_path, rows)
+
+
+def predict_folder(folder: Path, args) -> str:
+    """predict.py on an anomaly model folder: `args.data` scored, its rows written to `args.output`
+    and its events beside them (`<output>_events.csv`); returns the line to print."""
+    model = AnomalyModel.load(folder)
+    flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
+    table = load_table(args.data, **flags)
+    rows, events, _ = model.judge(table)
+    path = write_csv(rows, Path(args.output))
+    events_path = write_csv(events, path.with_name(path.stem + "_events.csv"))
+    alarms = int(rows["alarm"].sum())
+    return f"{len(rows)} rows scored, {alarms} alarms, {len(events)} events: {path}, {events_path}"
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> Path:
