@@ -74,6 +74,7 @@ class MaskedPretraining(L.LightningModule):
         mask_mean_length: float = 3.0,
         eval_mask_seed: int = 0,
         interpolate_hidden: bool = False,
+        augment: dict | None = None,  # the classifier's training-batch augmentation: pre-training takes none
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
