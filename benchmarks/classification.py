@@ -31,7 +31,10 @@ import torch
 
 from tsformer.train import compose_config, run
 
-EXPERIMENTS = {"JapaneseVowels": "japanese_vowels", "OSULeaf": "osuleaf", "BasicMotions": "basic_motions"}
+EXPERIMENTS = {
+    "JapaneseVowels": "japanese_vowels", "OSULeaf": "osuleaf", "BasicMotions": "basic_motions",
+    "GunPoint": "gun_point", "ItalyPowerDemand": "italy_power_demand", "ACSF1": "acsf1",
+}  # fmt: skip
 # published accuracies on the default split (SOURCE.md of the data folder): the targets of issue 27
 TARGETS = {"JapaneseVowels": ("TST (Zerveas et al. 2021)", 0.984), "OSULeaf": ("InceptionTime", 0.921)}
 VARIANTS = {
