@@ -106,7 +106,26 @@ def test_refusals():
         DecoderOnly(DecoderOnlyConfig(d_target=1, d_known=1, **TINY))
     with pytest.raises(ValueError, match="not patches"):
         EncoderOnly(EncoderOnlyConfig(d_in=1, head="classification", patch_len=4, **TINY))
-    with pytest.raises(ValueError, match="conv_stride"):
+    with pytest.raises(ValueError, match="per_step head gives one output per step"):
         EncoderOnly(EncoderOnlyConfig(d_in=1, head="per_step", conv_stride=2, **TINY))
     with pytest.raises(ValueError, match="unknown model.net.embedding"):
         EncoderOnly(EncoderOnlyConfig(d_in=1, **{**TINY, "embedding": "cnn"}))
+
+
+def test_masked_pretraining_restores_the_strided_steps_of_each_token_and_ignores_padding():
+    from test_pretraining import padded_batch
+
+    from tsformer.tasks.pretraining import MaskedPretraining
+
+    torch.manual_seed(0)
+    net = {**TINY, "conv_stride": 3}
+    task = MaskedPretraining(net, d_in=2, mask_ratio=0.5).eval()
+    batch = padded_batch(lengths=(10, 7))
+    hidden = task.hidden_of(batch, None)
+    with torch.no_grad():
+        out, true, scored = task.restore(batch, hidden)
+        other, _, _ = task.restore(padded_batch(lengths=(10, 7), fill=1e3), hidden)
+    assert out.shape == true.shape == scored.shape == (2, 4, 3 * 2)  # ceil(10 / 3) tokens of 3 steps x 2
+    assert torch.equal(true[0, 1], batch["x"][0, 3:6].reshape(-1))  # token 1: steps 3, 4, 5
+    assert int(scored.sum()) == int(hidden.sum())  # every hidden value scored once, padding never
+    torch.testing.assert_close(out[scored], other[scored])  # padding is never read

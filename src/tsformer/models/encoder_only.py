@@ -74,10 +74,8 @@ class EncoderOnly(nn.Module):
         self.input_proj = build_embedding(cfg, token_features(self.patching, cfg.d_in), self.patching)
         self.conv = isinstance(self.input_proj, ConvEmbedding)
         self.grid = token_grid(self.patching, self.input_proj)  # patches, strided convolution, or None
-        if self.conv and self.input_proj.stride > 1 and cfg.head in ("per_step", "per_token"):
-            raise ValueError(
-                f"the {cfg.head} head gives one output per step: it takes no model.net.conv_stride > 1"
-            )
+        if self.conv and self.input_proj.stride > 1 and cfg.head == "per_step":
+            raise ValueError("the per_step head gives one output per step: it takes no model.net.conv_stride > 1")
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )

@@ -61,6 +61,14 @@ class ConvEmbedding(nn.Module):
         """`(B, T)` valid steps -> `(B, L)` valid tokens (a token is real when its step is)."""
         return valid if valid is None or self.stride == 1 else valid[:, :: self.stride]
 
+    def group_steps(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-step values `(B, T, C)` -> `(B, L, S * C)`, the S steps from each token's own step on
+        (step-major, the end padded with 0): what a per-token output restores, as a patch's."""
+        B, T, C = values.shape
+        L = self.count(T)
+        values = F.pad(values, (0, 0, 0, L * self.stride - T))  # (B, L * S, C)
+        return values.reshape(B, L, self.stride * C)
+
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[-1] != self.d_in:
             raise ValueError(
