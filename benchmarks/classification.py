@@ -111,7 +111,10 @@ def table(rows: list[dict]) -> list[str]:
         mini = [r for r in rows if r["dataset"] == dataset and r["model"] == "aeon-MiniRocket"]
         multi = [r for r in rows if r["dataset"] == dataset and r["model"] == "aeon-MultiRocket"]
         acc = [r["accuracy"] for r in ours]
-        peer = {name: f"{mean(rs, 'accuracy'):.4f}" if rs else "-" for name, rs in (("mini", mini), ("multi", multi))}
+        peer = {
+            name: f"{mean(rs, 'accuracy'):.4f}" if rs else "-"
+            for name, rs in (("mini", mini), ("multi", multi))
+        }
         target, what = TARGETS.get(dataset), "issue 35"
         if target is None and mini:
             target, what = mean(mini, "accuracy"), "MiniRocket"
@@ -128,7 +131,10 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def per_seed(rows: list[dict]) -> list[str]:
-    lines = ["| model | data set | seed | accuracy | fit s | predict s | test series |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | data set | seed | accuracy | fit s | predict s | test series |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {r['fit_s']:.2f} | "
@@ -138,11 +144,15 @@ def per_seed(rows: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default=",".join(EXPERIMENTS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for every row of ours")
-    parser.add_argument("--peers-python", help="a Python with aeon 1.6: MiniRocket and MultiRocket in this run")
+    parser.add_argument(
+        "--peers-python", help="a Python with aeon 1.6: MiniRocket and MultiRocket in this run"
+    )
     parser.add_argument("--results", help="write the tables (markdown) to this file")
     args = parser.parse_args()
     datasets = args.datasets.split(",")

@@ -170,7 +170,10 @@ def data_notes(name: str, X_train, X_test, y_train, padded_length: int | None) -
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | dataset | seed | accuracy | fit_s | predict_s | n_test |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | dataset | seed | accuracy | fit_s | predict_s | n_test |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {r['fit_s']:.2f} "
@@ -232,7 +235,9 @@ def main() -> None:
         help="Padder fill_value for unequal lengths: a number, or mean/median/min/max/last",
     )
     parser.add_argument("--results", type=Path, default=None, help="markdown file written with the results")
-    parser.add_argument("--json", type=Path, default=None, help="the per-seed rows as JSON (for classification.py)")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="the per-seed rows as JSON (for classification.py)"
+    )
     args = parser.parse_args()
 
     models = [m for m in args.models.split(",") if m]

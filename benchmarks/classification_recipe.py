@@ -80,7 +80,9 @@ def one_run(dataset: str, candidate: str, seed: int, epochs: int, extra: list[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default="OSULeaf,GunPoint,JapaneseVowels")
     parser.add_argument("--candidates", default="conv")
     parser.add_argument("--seeds", default="0")

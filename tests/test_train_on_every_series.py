@@ -38,7 +38,9 @@ def test_no_validation_series_means_every_training_series():
 
 
 def test_early_stopping_and_a_best_checkpoint_are_refused_without_validation(tmp_path):
-    with pytest.raises(SettingError, match="early stopping has nothing to follow: use callbacks=last_weights"):
+    with pytest.raises(
+        SettingError, match="early stopping has nothing to follow: use callbacks=last_weights"
+    ):
         settings.check(table_config(tmp_path, "data.val_fraction=0"))
     with pytest.raises(SettingError, match="no best checkpoint by val/loss: use callbacks=last_weights"):
         settings.check(table_config(tmp_path, "data.val_fraction=0", "~callbacks.early_stopping"))

@@ -48,7 +48,9 @@ class Augmentation:
                 raise SettingError(f"model.augment.{name}={value}: must be a number >= 0 (0: off)")
         for name in ("shift", "window_warp"):
             if getattr(self, name) >= 1:
-                raise SettingError(f"model.augment.{name}={getattr(self, name)}: a share of the length, below 1")
+                raise SettingError(
+                    f"model.augment.{name}={getattr(self, name)}: a share of the length, below 1"
+                )
 
     @property
     def active(self) -> bool:

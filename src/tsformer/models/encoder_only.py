@@ -75,7 +75,9 @@ class EncoderOnly(nn.Module):
         self.conv = isinstance(self.input_proj, ConvEmbedding)
         self.grid = token_grid(self.patching, self.input_proj)  # patches, strided convolution, or None
         if self.conv and self.input_proj.stride > 1 and cfg.head == "per_step":
-            raise ValueError("the per_step head gives one output per step: it takes no model.net.conv_stride > 1")
+            raise ValueError(
+                "the per_step head gives one output per step: it takes no model.net.conv_stride > 1"
+            )
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
