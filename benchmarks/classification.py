@@ -102,8 +102,10 @@ def mean(rows: list[dict], key: str) -> float:
 def table(rows: list[dict]) -> list[str]:
     """One line per data set: ours (mean, min..max), the peers, the target and the gap, the times."""
     lines = [
-        "| data set | tsformer mean (min..max) | MiniRocket | MultiRocket | logistic | target | ours - target "
-        "| fit time / MiniRocket's | predict time / MiniRocket's | our fit s | our predict s |",
+        (
+            "| data set | tsformer mean (min..max) | MiniRocket | MultiRocket | logistic | target | ours - target "
+            "| fit time / MiniRocket's | predict time / MiniRocket's | our fit s | our predict s |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
@@ -179,8 +181,10 @@ def main() -> None:
         + (f" --set {' '.join(args.set)}" if args.set else "")
     )
     header = [
-        f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} "
-        f"({torch.get_num_threads()} torch threads), torch {torch.__version__}, numpy {np.__version__}:",
+        (
+            f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} "
+            f"({torch.get_num_threads()} torch threads), torch {torch.__version__}, numpy {np.__version__}:"
+        ),
         "",
         f"`{command}`",
         "",

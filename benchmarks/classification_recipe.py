@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from classification import EXPERIMENTS
+
 from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, archive_file
 from tsformer.train import compose_config, run

@@ -114,7 +114,6 @@ def test_refusals():
 
 def test_masked_pretraining_restores_the_strided_steps_of_each_token_and_ignores_padding():
     from test_pretraining import padded_batch
-
     from tsformer.tasks.pretraining import MaskedPretraining
 
     torch.manual_seed(0)

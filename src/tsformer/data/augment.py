@@ -94,13 +94,13 @@ def _shift(s: np.ndarray, share: float, circular: bool, rng) -> np.ndarray:
 
 def _window_warp(s: np.ndarray, share: float, rng) -> np.ndarray:
     n = len(s)
-    w = max(2, int(round(share * n)))
+    w = max(2, round(share * n))
     if n < 4 or w >= n:
         return s
     start = int(rng.integers(0, n - w + 1))
     factor = float(rng.choice([0.5, 2.0]))
     t = np.arange(n, dtype=np.float64)
-    inside = np.linspace(start, start + w - 1, max(2, int(round(w * factor))))
+    inside = np.linspace(start, start + w - 1, max(2, round(w * factor)))
     warped_t = np.concatenate([t[:start], inside, t[start + w :]])  # the window's steps, resampled
     warped = np.stack([np.interp(warped_t, t, s[:, d]) for d in range(s.shape[1])], axis=1)
     back = np.linspace(0, len(warped_t) - 1, n)  # back to n steps
