@@ -4,6 +4,8 @@ MultiRocket measured in the same run, 3 seeds, every test series.
     python benchmarks/classification.py --peers-python /tmp/aeon-venv/bin/python --results benchmarks/RESULTS_classification.md
     python benchmarks/classification.py --datasets GunPoint --seeds 0                 # ours only, a quick check
     python benchmarks/classification.py --datasets OSULeaf --set model.augment.shift=0   # another recipe
+    python benchmarks/classification.py --datasets ACSF1 --rows acsf1.json              # one set per process,
+    python benchmarks/classification.py --merge acsf1.json,others.json --results ...  # then one table
 
 Each of our rows is an ordinary `train.run` of `experiment=<set>` (the same config as `python train.py
 experiment=osuleaf seed=0`: the classifier's default recipe, conf/model/enc_only_classifier.yaml, the
@@ -156,7 +158,18 @@ def main() -> None:
         "--peers-python", help="a Python with aeon 1.6: MiniRocket and MultiRocket in this run"
     )
     parser.add_argument("--results", help="write the tables (markdown) to this file")
+    parser.add_argument("--rows", help="write the per-seed rows (JSON) to this file")
+    parser.add_argument(
+        "--merge", help="comma-separated --rows files of earlier invocations: tabulate them, run nothing"
+    )
     args = parser.parse_args()
+    if args.merge:
+        rows = [r for path in args.merge.split(",") for r in json.loads(Path(path).read_text())]
+        lines = [*table(rows), "", "Per seed:", "", *per_seed(rows)]
+        print("\n".join(lines))
+        if args.results:
+            Path(args.results).write_text("\n".join(lines) + "\n")
+        return
     datasets = args.datasets.split(",")
     unknown = sorted(set(datasets) - set(EXPERIMENTS))
     if unknown:
@@ -189,6 +202,8 @@ def main() -> None:
         f"`{command}`",
         "",
     ]
+    if args.rows:
+        Path(args.rows).write_text(json.dumps(rows))
     lines = [*header, *table(rows), "", "Per seed:", "", *per_seed(rows)]
     print("\n".join(["", *lines]))
     if args.results:
