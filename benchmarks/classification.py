@@ -179,6 +179,8 @@ def main() -> None:
     for dataset in datasets:
         for seed in (int(s) for s in args.seeds.split(",")):
             rows.append(one_run(dataset, seed, args.set))
+            if args.rows:  # after every run: an interrupted invocation keeps what it measured
+                Path(args.rows).write_text(json.dumps(rows))
             r = rows[-1]
             print(
                 f"{dataset} seed {seed}: test accuracy {r['accuracy']:.4f} (fit {r['fit_s']:.0f} s, "
