@@ -133,6 +133,8 @@ class Classifier:
             info = ModelInfo(**config["info"])
         except (OSError, ValueError, TypeError, KeyError) as err:
             raise ModelFolderError(f"{path}: not a classifier's {CONFIG_FILE} ({err}): {RESTORE}") from err
+        if config.get("members") is not None:  # an ensemble (tsformer.ensemble): its members' mean
+            return cls(_ensemble_task(folder, config["members"], path), contract, info)
         task = _build_classifier(config.get("task_class"), config.get("hparams"), path)
         _load_weights(task, folder / WEIGHTS_FILE)
         return cls(task, contract, info)
@@ -218,6 +220,15 @@ def load_model(folder: str | Path) -> Forecaster | Classifier:
     if is_classifier_folder(folder):
         return Classifier.load(folder)
     return Forecaster.load(folder)
+
+
+def _ensemble_task(folder: Path, members, path: Path):
+    """The members' tasks (subfolders of `folder`, named in its `tsformer.json`) as one mean."""
+    from tsformer.ensemble import MeanOfMembers
+
+    if not members or not all(isinstance(m, str) and m and Path(m).name == m != ".." for m in members):
+        raise ModelFolderError(f"{path}: 'members' must name the member folders inside {folder}: {RESTORE}")
+    return MeanOfMembers([Classifier.load(folder / m).task for m in members])
 
 
 def _build_classifier(task_class_name, hparams, path: Path):
