@@ -27,24 +27,34 @@ from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, archive_file
 from tsformer.train import compose_config, run
 
-CONV = [
-    "model.patch_len=null", "model.patch_stride=null", "model.net.embedding=conv", "model.net.dropout=0",
-    "model.pooling=mean", "model.net.d_model=64", "model.net.n_layers=1", "model.net.conv_stride=4",
-]  # fmt: skip
-CANDIDATES = {
-    "linear-sin": ["model.net.embedding=linear", "model.net.positional=sinusoidal", *CONV[3:7]],
-    "conv": [*CONV, "model.net.positional=none"],
-    "conv-rope": [*CONV, "model.net.positional=rope"],
-    "conv-sin": [*CONV, "model.net.positional=sinusoidal"],
-    "conv-s2": [*CONV, "model.net.positional=none", "model.net.conv_stride=2"],
-    "conv-2layers": [*CONV, "model.net.positional=none", "model.net.n_layers=2"],
-    "conv-shift": [*CONV, "model.net.positional=none", "model.augment.shift=0.2"],
-    "conv-cshift": [*CONV, "model.net.positional=none", "model.augment.shift=0.5", "model.augment.circular=true"],
-    "conv-jitter-scale": [*CONV, "model.net.positional=none", "model.augment.jitter=0.03", "model.augment.scaling=0.1"],
-    "conv-warp": [*CONV, "model.net.positional=none", "model.augment.window_warp=0.1"],
-    "conv-mixup": [*CONV, "model.net.positional=none", "model.augment.mixup=0.2"],
-    "conv-ls": [*CONV, "model.net.positional=none", "model.label_smoothing=0.1"],
+# what every candidate shares, unless it says otherwise (the archive experiments' own augmentation reset)
+COMMON = {
+    "model.patch_len": "null", "model.patch_stride": "null", "model.net.embedding": "conv",
+    "model.net.dropout": 0, "model.pooling": "mean", "model.net.d_model": 64, "model.net.n_layers": 1,
+    "model.net.conv_stride": 4, "model.net.positional": "none", "model.augment.shift": 0.0,
 }  # fmt: skip
+
+
+def candidate(**changes) -> list[str]:
+    """Hydra overrides: COMMON with `changes` (keys with `__` for dots)."""
+    settings = COMMON | {k.replace("__", "."): v for k, v in changes.items()}
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
+CANDIDATES = {
+    "linear-sin": candidate(model__net__embedding="linear", model__net__positional="sinusoidal"),
+    "conv": candidate(),
+    "conv-rope": candidate(model__net__positional="rope"),
+    "conv-sin": candidate(model__net__positional="sinusoidal"),
+    "conv-s2": candidate(model__net__conv_stride=2),
+    "conv-2layers": candidate(model__net__n_layers=2),
+    "conv-shift": candidate(model__augment__shift=0.2),
+    "conv-cshift": candidate(model__augment__shift=0.5, model__augment__circular="true"),
+    "conv-jitter-scale": candidate(model__augment__jitter=0.03, model__augment__scaling=0.1),
+    "conv-warp": candidate(model__augment__window_warp=0.1),
+    "conv-mixup": candidate(model__augment__mixup=0.2),
+    "conv-ls": candidate(model__label_smoothing=0.1),
+}
 
 
 def validation_series(dataset: str, seed: int) -> pd.DataFrame:
