@@ -15,6 +15,7 @@ from tsformer.classifier import Classifier, load_model, save_classifier_folder
 from tsformer.data.sequences import SequenceDataModule
 from tsformer.ensemble import train_ensemble, write_ensemble_folder
 from tsformer.forecaster import ModelFolderError, ModelInfo
+from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask
 
 
@@ -75,6 +76,8 @@ def test_one_command_trains_the_members_with_their_own_seeds(tmp_path):
         "model.net.d_model=16", "model.net.n_heads=2", "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false", "seed=7",
     ]  # fmt: skip
+    with pytest.raises(SettingError, match="each seed holds out other validation series"):
+        train_ensemble([*overrides, "data.val_fraction=0.2", "callbacks=default"], 2, tmp_path / "refused")
     done = train_ensemble(overrides, 2, tmp_path / "ens")
     folder = done["folder"]
     assert json.loads((folder / "tsformer.json").read_text())["members"] == ["member_0", "member_1"]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tsformer.export import _write_atomically
 from tsformer.forecaster import CONFIG_FILE, ModelFolderError
 from tsformer.settings import SettingError
 
@@ -65,7 +66,8 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
         names.append(MEMBER.format(i))
         shutil.copytree(member, folder / names[-1])
     config = {"format": first["format"], "members": names, "data": first["data"], "info": first["info"]}
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2))  # last: a folder without it is no model
+    # last, and atomically: a folder without it is no model
+    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     return folder
 
 
@@ -83,7 +85,14 @@ def train_ensemble(overrides: list[str], members: int, output: Path) -> dict:
     if members < 1:
         raise SettingError(f"members={members}: an ensemble needs at least 1 network, e.g. members=5")
     seed, overrides = _option(overrides, "seed", None)
-    first = compose_config(overrides, output / MEMBER.format(0)).seed if seed is None else int(seed)
+    cfg = compose_config(overrides, output / MEMBER.format(0))
+    if str(cfg.data.get("_target_")).endswith("SequenceDataModule") and cfg.data.get("val_fraction"):
+        raise SettingError(  # before training: each seed would hold out other series, and scale by them
+            f"members={members} with data.val_fraction={cfg.data.val_fraction}: each seed holds out other "
+            "validation series, so the members would read the data differently; train them on every series: "
+            "data.val_fraction=0 callbacks=last_weights (the archive experiments' default)"
+        )
+    first = cfg.seed if seed is None else int(seed)
     results = []
     for i in range(members):
         cfg = compose_config([*overrides, f"seed={first + i}"], output / MEMBER.format(i))
