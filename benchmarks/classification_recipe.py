@@ -54,6 +54,8 @@ CANDIDATES = {
     "conv-warp": candidate(model__augment__window_warp=0.1),
     "conv-mixup": candidate(model__augment__mixup=0.2),
     "conv-ls": candidate(model__label_smoothing=0.1),
+    "conv-rope-shift": candidate(model__net__positional="rope", model__augment__shift=0.2),
+    "conv-shift-mixup": candidate(model__augment__shift=0.2, model__augment__mixup=0.2),
 }
 
 
