@@ -1,55 +1,64 @@
-"""Sequence classification on the UEA/UCR archive's default split (issue 27): our classifier, 3 seeds.
+"""Sequence classification on the UEA/UCR archive's default split (issue 35): ours beside MiniRocket and
+MultiRocket measured in the same run, 3 seeds, every test series.
 
-    python benchmarks/classification.py                                   # JapaneseVowels, 4 variants x 3 seeds
-    python benchmarks/classification.py --datasets JapaneseVowels,OSULeaf --results benchmarks/RESULTS_classification.md
-    python benchmarks/classification.py --variants cls-ls0.1 --seeds 0 --epochs 2   # a quick check
+    python benchmarks/classification.py --peers-python /tmp/aeon-venv/bin/python --results benchmarks/RESULTS_classification.md
+    python benchmarks/classification.py --datasets GunPoint --seeds 0                 # ours only, a quick check
+    python benchmarks/classification.py --datasets OSULeaf --set model.augment.shift=0   # another recipe
+    python benchmarks/classification.py --datasets ACSF1 --rows acsf1.json              # one set per process,
+    python benchmarks/classification.py --merge acsf1.json,others.json --results ...  # then one table
 
-Each row is an ordinary `train.run` of `experiment=<set>` (the same config as `python train.py
-experiment=japanese_vowels ...`; no logger, outputs under a temporary folder): trained on 80% of the
-train file's series, checkpointed and early-stopped on the other 20% (validation log loss, stratified,
-seeded), tested on EVERY series of the archive's test file. Variants: `cls` or `mean` pooling x label
-smoothing 0.1 or 0 (`ls0.1`, `ls0`). Hyperparameters come from `--set` (Hydra overrides shared by
-every row) and are chosen on the validation log loss (the `val log loss` column), never on test.
-Beside each row: the two baselines of the task on the same test series (majority class, logistic
-regression on per-channel summaries). The MiniRocket / MultiRocket peers are measured separately
-(`benchmarks/classification_peers.py`, their own environment).
+Each of our rows is an ordinary `train.run` of `experiment=<set>` (the same config as `python train.py
+experiment=osuleaf seed=0`: the classifier's default recipe, conf/model/enc_only_classifier.yaml, the
+same for every set; no logger, outputs in a temporary folder), tested on EVERY series of the archive's
+test file. The recipe was chosen on validation series of the training files only
+(`benchmarks/classification_recipe.py`); `--set` adds Hydra overrides to every row.
 
-The table is printed and, with `--results`, written as a markdown file: measured rows only.
+Peers: with `--peers-python` (a Python with aeon 1.6, which cannot share the project's environment:
+`python3 -m venv /tmp/aeon-venv && /tmp/aeon-venv/bin/pip install "aeon==1.6.*"`),
+`benchmarks/classification_peers.py` runs in that environment in the same invocation, on the same
+splits and seeds, with the same threads (OMP_NUM_THREADS / NUMBA_NUM_THREADS are passed on).
+
+Times (wall seconds, this machine, shared): ours `fit` is the whole `train.run` (data, fit, test,
+outputs: an upper bound of the fit alone), `predict` is `Classifier.load(model folder).predict(test
+table)` (scaling included); the peers' are their pipeline's `fit` and `predict`. The table gives ours as
+multiples of MiniRocket's (ours / MiniRocket's, mean over seeds).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import os
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
+from tsformer.classifier import Classifier
+from tsformer.data.sequences import archive_file
 from tsformer.train import compose_config, run
 
-EXPERIMENTS = {"JapaneseVowels": "japanese_vowels", "OSULeaf": "osuleaf", "BasicMotions": "basic_motions"}
-# published accuracies on the default split (SOURCE.md of the data folder): the targets of issue 27
-TARGETS = {"JapaneseVowels": ("TST (Zerveas et al. 2021)", 0.984), "OSULeaf": ("InceptionTime", 0.921)}
-VARIANTS = {
-    "cls-ls0.1": ["model.pooling=cls", "model.label_smoothing=0.1"],
-    "cls-ls0": ["model.pooling=cls", "model.label_smoothing=0.0"],
-    "mean-ls0.1": ["model.pooling=mean", "model.label_smoothing=0.1"],
-    "mean-ls0": ["model.pooling=mean", "model.label_smoothing=0.0"],
-}
-METRICS = ["accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece"]
+HERE = Path(__file__).resolve().parent
+EXPERIMENTS = {
+    "JapaneseVowels": "japanese_vowels", "OSULeaf": "osuleaf", "BasicMotions": "basic_motions",
+    "GunPoint": "gun_point", "ItalyPowerDemand": "italy_power_demand", "ACSF1": "acsf1",
+}  # fmt: skip
+# issue 35's targets (mean of 3 seeds); the other sets' target is MiniRocket measured in the same run
+TARGETS = {"OSULeaf": 0.96, "JapaneseVowels": 0.988, "BasicMotions": 1.0}
+PEERS = ("aeon-MiniRocket", "aeon-MultiRocket")
 
 
-def quiet_run(overrides: list[str], epochs: int, patience: int, output_dir: Path):
-    """One `train.run` of `overrides` with `epochs` and early-stopping `patience`, no logger, no CSV,
-    its outputs in `output_dir`: (RunResult, seconds)."""
+def quiet_run(overrides: list[str], output_dir: Path):
+    """One `train.run` of `overrides`, no logger, no CSV, its outputs in `output_dir`: (RunResult, seconds)."""
     overrides = [
         *overrides,
-        f"trainer.max_epochs={epochs}",
-        f"callbacks.early_stopping.patience={patience}",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
         "logger=none",
@@ -60,50 +69,80 @@ def quiet_run(overrides: list[str], epochs: int, patience: int, output_dir: Path
     return result, time.perf_counter() - start
 
 
-def scores(result, seconds: float) -> dict:
-    """A classification run's row: validation log loss, the test metrics and the baselines' accuracy."""
-    m = result.metrics
-    return {
-        "val_log_loss": result.best_val,
-        "seconds": seconds,
-        **{k: m[f"test/{k}"] for k in METRICS},
-        "baseline_accuracy": m["test/baseline_accuracy"],
-        "logistic_accuracy": m["test/logistic_accuracy"],
-    }
-
-
-def one_run(dataset: str, variant: str, seed: int, args) -> dict:
-    overrides = [f"experiment={EXPERIMENTS[dataset]}", *VARIANTS[variant], f"seed={seed}", *args.set]
+def one_run(dataset: str, seed: int, extra: list[str]) -> dict:
+    overrides = [f"experiment={EXPERIMENTS[dataset]}", f"seed={seed}", *extra]
+    test = pd.read_csv(archive_file(dataset, "TEST"))
     with tempfile.TemporaryDirectory() as tmp:
-        result, seconds = quiet_run(overrides, args.epochs, args.patience, Path(tmp) / "out")
-    return {"dataset": dataset, "variant": variant, "seed": seed, **scores(result, seconds)}
+        result, fit_s = quiet_run(overrides, Path(tmp) / "out")
+        model = Classifier.load(result.model_folder)
+        start = time.perf_counter()
+        frame = model.predict(test)
+        predict_s = time.perf_counter() - start
+    accuracy = float((frame.y_pred.astype(str) == frame.y_true.astype(str)).mean())
+    assert abs(accuracy - result.metrics["test/accuracy"]) < 1e-6  # the folder is the run's model
+    return {
+        "model": "tsformer", "dataset": dataset, "seed": seed, "accuracy": accuracy,
+        "fit_s": fit_s, "predict_s": predict_s, "n_test": len(frame),
+        "logistic_accuracy": result.metrics["test/logistic_accuracy"],
+    }  # fmt: skip
+
+
+def peer_rows(python: str, datasets: list[str], seeds: str) -> list[dict]:
+    """classification_peers.py's per-seed rows, run by `python` (aeon's environment) in this invocation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peers.json"
+        env = {**os.environ, "NUMBA_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        cmd = [python, str(HERE / "classification_peers.py"), "--datasets", ",".join(datasets)]
+        subprocess.run([*cmd, "--seeds", seeds, "--json", str(out)], check=True, env=env)
+        return [r for r in json.loads(out.read_text()) if r["model"] in PEERS]
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return statistics.fmean(r[key] for r in rows)
 
 
 def table(rows: list[dict]) -> list[str]:
-    """One line per dataset x variant: mean (min..max) over the seeds."""
+    """One line per data set: ours (mean, min..max), the peers, the target and the gap, the times."""
     lines = [
         (
-            "| data set | variant | seeds | test accuracy mean (min..max) | balanced acc. | macro F1 | log loss "
-            "| ECE | val log loss | majority acc. | logistic acc. | target | s/run |"
+            "| data set | tsformer mean (min..max) | MiniRocket | MultiRocket | logistic | target | ours - target "
+            "| fit time / MiniRocket's | predict time / MiniRocket's | our fit s | our predict s |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["dataset"], r["variant"]), []).append(r)
-    for (dataset, variant), rs in groups.items():
-
-        def mean(key, rs=rs):
-            return statistics.fmean(r[key] for r in rs)
-
-        acc = [r["accuracy"] for r in rs]
-        name, target = TARGETS.get(dataset, ("", float("nan")))
-        vs = f"{target:.3f} {name} ({mean('accuracy') - target:+.3f})" if name else ""
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        ours = [r for r in rows if r["dataset"] == dataset and r["model"] == "tsformer"]
+        mini = [r for r in rows if r["dataset"] == dataset and r["model"] == "aeon-MiniRocket"]
+        multi = [r for r in rows if r["dataset"] == dataset and r["model"] == "aeon-MultiRocket"]
+        acc = [r["accuracy"] for r in ours]
+        peer = {
+            name: f"{mean(rs, 'accuracy'):.4f}" if rs else "-"
+            for name, rs in (("mini", mini), ("multi", multi))
+        }
+        target, what = TARGETS.get(dataset), "issue 35"
+        if target is None and mini:
+            target, what = mean(mini, "accuracy"), "MiniRocket"
+        gap = f"{statistics.fmean(acc) - target:+.4f}" if target is not None else "-"
+        goal = f"{target:.4f} ({what})" if target is not None else "-"
+        fit = f"{mean(ours, 'fit_s') / mean(mini, 'fit_s'):.0f}x" if mini else "-"
+        pred = f"{mean(ours, 'predict_s') / mean(mini, 'predict_s'):.1f}x" if mini else "-"
         lines.append(
-            f"| {dataset} | {variant} | {len(rs)} | {mean('accuracy'):.4f} ({min(acc):.4f}..{max(acc):.4f}) | "
-            f"{mean('balanced_accuracy'):.4f} | {mean('macro_f1'):.4f} | {mean('log_loss'):.4f} | "
-            f"{mean('ece'):.4f} | {mean('val_log_loss'):.4f} | {mean('baseline_accuracy'):.4f} | "
-            f"{mean('logistic_accuracy'):.4f} | {vs} | {mean('seconds'):.0f} |"
+            f"| {dataset} | {statistics.fmean(acc):.4f} ({min(acc):.4f}..{max(acc):.4f}) | {peer['mini']} | "
+            f"{peer['multi']} | {mean(ours, 'logistic_accuracy'):.4f} | {goal} | {gap} | {fit} | {pred} | "
+            f"{mean(ours, 'fit_s'):.0f} | {mean(ours, 'predict_s'):.2f} |"
+        )  # fmt: skip
+    return lines
+
+
+def per_seed(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | data set | seed | accuracy | fit s | predict s | test series |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {r['fit_s']:.2f} | "
+            f"{r['predict_s']:.2f} | {r['n_test']} |"
         )
     return lines
 
@@ -112,39 +151,65 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--datasets", default="JapaneseVowels")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--datasets", default=",".join(EXPERIMENTS))
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--patience", type=int, default=15, help="early stopping on the validation log loss")
-    parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for every row")
-    parser.add_argument("--results", help="write the table (markdown) to this file")
+    parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides for every row of ours")
+    parser.add_argument(
+        "--peers-python", help="a Python with aeon 1.6: MiniRocket and MultiRocket in this run"
+    )
+    parser.add_argument("--results", help="write the tables (markdown) to this file")
+    parser.add_argument("--rows", help="write the per-seed rows (JSON) to this file")
+    parser.add_argument(
+        "--merge", help="comma-separated --rows files of earlier invocations: tabulate them, run nothing"
+    )
     args = parser.parse_args()
+    if args.merge:
+        rows = [r for path in args.merge.split(",") for r in json.loads(Path(path).read_text())]
+        lines = [*table(rows), "", "Per seed:", "", *per_seed(rows)]
+        print("\n".join(lines))
+        if args.results:
+            Path(args.results).write_text("\n".join(lines) + "\n")
+        return
+    datasets = args.datasets.split(",")
+    unknown = sorted(set(datasets) - set(EXPERIMENTS))
+    if unknown:
+        parser.error(f"--datasets: unknown {', '.join(unknown)}; choose from {', '.join(EXPERIMENTS)}")
 
     rows = []
-    for dataset in args.datasets.split(","):
-        for variant in args.variants.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                rows.append(one_run(dataset, variant, seed, args))
-                r = rows[-1]
-                print(
-                    f"{dataset} {variant} seed {seed}: test accuracy {r['accuracy']:.4f}, "
-                    f"val log loss {r['val_log_loss']:.4f} ({r['seconds']:.0f} s)",
-                    flush=True,
-                )
-    lines = table(rows)
-    header = [
-        f"Measured {dt.date.today()} on {platform.processor() or platform.machine()} "
-        f"({torch.get_num_threads()} threads), torch {torch.__version__}: "
-        f"`python benchmarks/classification.py --datasets {args.datasets} --variants {args.variants} "
-        f"--seeds {args.seeds} --epochs {args.epochs} --patience {args.patience}"
+    for dataset in datasets:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            rows.append(one_run(dataset, seed, args.set))
+            if args.rows:  # after every run: an interrupted invocation keeps what it measured
+                Path(args.rows).write_text(json.dumps(rows))
+            r = rows[-1]
+            print(
+                f"{dataset} seed {seed}: test accuracy {r['accuracy']:.4f} (fit {r['fit_s']:.0f} s, "
+                f"predict {r['predict_s']:.2f} s)",
+                flush=True,
+            )
+    if args.peers_python:
+        rows += peer_rows(args.peers_python, datasets, args.seeds)
+    command = (
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} python benchmarks/classification.py "
+        f"--datasets {args.datasets} --seeds {args.seeds}"
+        + (f" --peers-python {args.peers_python}" if args.peers_python else "")
         + (f" --set {' '.join(args.set)}" if args.set else "")
-        + "`",
+    )
+    header = [
+        (
+            f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.machine()} "
+            f"({torch.get_num_threads()} torch threads), torch {torch.__version__}, numpy {np.__version__}:"
+        ),
+        "",
+        f"`{command}`",
         "",
     ]
-    print("\n".join(["", *header, *lines]))
+    if args.rows:
+        Path(args.rows).write_text(json.dumps(rows))
+    lines = [*header, *table(rows), "", "Per seed:", "", *per_seed(rows)]
+    print("\n".join(["", *lines]))
     if args.results:
-        Path(args.results).write_text("\n".join(header + lines) + "\n")
+        Path(args.results).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

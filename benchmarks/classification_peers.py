@@ -21,8 +21,9 @@ aeon's `ClassifierPipeline([Padder(padded_length=P, fill_value=--pad-fill), clas
 series of either split (the archive's own equal-length versions are padded the same way, to one length
 for both files); padding reads only the lengths, never a label. Equal-length sets get no padder.
 
-`fit_s`: wall seconds of the pipeline's `fit` on TRAIN (padding, kernel transform, ridge); numba's
-compilation is excluded by a warm-up fit and predict on one series per class before the timed fits.
+`fit_s`: wall seconds of the pipeline's `fit` on TRAIN (padding, kernel transform, ridge), `predict_s`
+of its `predict` on every TEST series; numba's compilation is excluded by a warm-up fit and predict on
+one series per class before the timed fits.
 Set OMP_NUM_THREADS / NUMBA_NUM_THREADS to the threads you mean to use: they are recorded.
 
 The results file (`--results`) is written whole from what this invocation measured: the command,
@@ -33,6 +34,7 @@ SOURCE.md (typed in below as PUBLISHED, not measured here).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -43,7 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "classification"
-DATASETS = ("BasicMotions", "JapaneseVowels", "OSULeaf")
+DATASETS = ("BasicMotions", "JapaneseVowels", "OSULeaf", "GunPoint", "ItalyPowerDemand", "ACSF1")
 MODELS = ("aeon-MiniRocket", "aeon-MultiRocket")
 BASELINE = "majority-class"
 
@@ -114,6 +116,7 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
             "seed": "-",
             "accuracy": float(np.mean(y_test == majority)),
             "fit_s": 0.0,
+            "predict_s": 0.0,
             "n_test": len(y_test),
         }
     )
@@ -126,7 +129,9 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
             start = time.perf_counter()
             estimator.fit(X_train, y_train)
             fit_s = time.perf_counter() - start
+            start = time.perf_counter()
             y_pred = estimator.predict(X_test)
+            predict_s = time.perf_counter() - start
             assert len(y_pred) == len(y_test)  # every test series is scored
             row = {
                 "model": model,
@@ -134,6 +139,7 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
                 "seed": seed,
                 "accuracy": float(np.mean(y_pred == y_test)),
                 "fit_s": fit_s,
+                "predict_s": predict_s,
                 "n_test": len(y_test),
             }
             print(
@@ -164,11 +170,14 @@ def data_notes(name: str, X_train, X_test, y_train, padded_length: int | None) -
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | dataset | seed | accuracy | fit_s | n_test |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | dataset | seed | accuracy | fit_s | predict_s | n_test |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {r['fit_s']:.2f} "
-            f"| {r['n_test']} |"
+            f"| {r['predict_s']:.2f} | {r['n_test']} |"
         )
     return "\n".join(lines)
 
@@ -226,6 +235,9 @@ def main() -> None:
         help="Padder fill_value for unequal lengths: a number, or mean/median/min/max/last",
     )
     parser.add_argument("--results", type=Path, default=None, help="markdown file written with the results")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="the per-seed rows as JSON (for classification.py)"
+    )
     args = parser.parse_args()
 
     models = [m for m in args.models.split(",") if m]
@@ -285,6 +297,8 @@ def main() -> None:
     )
     print()
     print(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows))
     if args.results is not None:
         tmp = args.results.with_name(args.results.name + ".tmp")
         tmp.write_text(report)

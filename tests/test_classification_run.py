@@ -68,6 +68,12 @@ def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(traine
         for key in (f"test/{name}", f"test/baseline_{name}", f"test/logistic_{name}"):
             assert np.isfinite(run.data.metrics[key]), key
     assert "val/loss" in run.data.metrics
+    # each augmentation is named in the run's params (off in this run: plant_regime sets none)
+    augment = ("jitter", "scaling", "shift", "circular", "window_warp", "mixup")
+    assert {k: run.data.params.get(f"model/augment/{k}") for k in augment} == {
+        **dict.fromkeys(augment, "0.0"),
+        "circular": "False",
+    }
     artifacts = {
         a.path
         for f in ("plots", "forecasts", "checkpoints")

@@ -23,7 +23,14 @@ REAL_DATA = {
 }
 # classification's options (labelled data, model=enc_only_classifier): tested with each other, below
 CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
-ARCHIVE = {"japanese_vowels", "osuleaf", "basic_motions"}  # the UEA/UCR archive sets (needs_data)
+ARCHIVE = {
+    "japanese_vowels",
+    "osuleaf",
+    "basic_motions",
+    "gun_point",
+    "italy_power_demand",
+    "acsf1",
+}  # needs_data
 CLASSIFICATION |= ARCHIVE
 
 

@@ -178,7 +178,11 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        """The model in `folder`, checked (`model_folder.read`)."""
+        """The model in `folder`, checked (`model_folder.read`); an ensemble's folder (`tsformer.ensemble`)
+        names its members' folders inside it, whose probabilities it averages."""
+        config, path = model_folder.read_config(folder)
+        if "members" in config:
+            return _ensemble(Path(folder), config["members"], path)
         return cls(*model_folder.read(folder, FOLDER))
 
     @property
@@ -254,6 +258,20 @@ class Classifier:
                 unknown,
                 self.classes,
             )
+
+
+def _ensemble(folder: Path, members, path: Path) -> Classifier:
+    """The members' classifiers (subfolders of `folder`, each checked as any classifier's folder) as one
+    whose probabilities are their mean; the members read the data alike (checked when it was written)."""
+    from tsformer.ensemble import MeanOfMembers
+
+    named = isinstance(members, list) and members
+    if not named or not all(
+        isinstance(m, str) and m not in ("", ".", "..") and Path(m).name == m for m in members
+    ):
+        raise ModelFolderError(f"{path}: 'members' must name the member folders inside {folder}: {RESTORE}")
+    loaded = [Classifier.load(folder / m) for m in members]
+    return Classifier(MeanOfMembers([c.task for c in loaded]), loaded[0].contract, loaded[0].info)
 
 
 def classes_frame(info: pd.DataFrame, proba: np.ndarray, classes: list[str], labels=None) -> pd.DataFrame:

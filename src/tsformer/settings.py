@@ -172,6 +172,7 @@ def check(cfg: DictConfig) -> None:
                 f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
                 "their sum must stay below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
             )
+    _refuse_validation_callbacks_without_validation(cfg)
     if data is not None and data.get("pretraining") and not str(data.get("_target_")).startswith(SEQUENCES):
         raise SettingError(
             f"pretrain=masked pre-trains a classifier's encoder on labelled sequences or streams (e.g. "
@@ -180,3 +181,29 @@ def check(cfg: DictConfig) -> None:
         )
     if cfg.get("model") is not None:
         _check_model(cfg.model)
+
+
+def _refuse_validation_callbacks_without_validation(cfg: DictConfig) -> None:
+    """`data.val_fraction=0` on labelled sequences trains on every series and validates none: what
+    follows `val/loss` (early stopping, the "best" checkpoint) would have nothing to follow."""
+    data = cfg.get("data")
+    if data is None or data.get("val_fraction") != 0 or not str(data.get("_target_")).startswith(SEQUENCES):
+        return
+    if data.get("pretraining"):
+        raise SettingError(
+            "data.val_fraction=0 with pretrain=masked: pre-training is checkpointed on the validation "
+            "series' masked MSE; give data.val_fraction > 0"
+        )
+    callbacks = cfg.get("callbacks") or {}
+    fix = "use callbacks=last_weights (a fixed budget of trainer.max_epochs, the last weights kept)"
+    # an experiment's `callbacks.early_stopping.patience` leaves a node without `_target_`: nothing built
+    if (callbacks.get("early_stopping") or {}).get("_target_"):
+        raise SettingError(
+            f"data.val_fraction=0 validates no series, so early stopping has nothing to follow: {fix}"
+        )
+    checkpoint = callbacks.get("model_checkpoint")
+    if checkpoint is not None and checkpoint.get("monitor") is not None:
+        raise SettingError(
+            f"data.val_fraction=0 validates no series, so there is no best checkpoint by "
+            f"{checkpoint.get('monitor')}: {fix}"
+        )

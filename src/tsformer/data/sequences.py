@@ -299,7 +299,10 @@ class ClassificationData(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | list:
+        self.setup()
+        if not len(self.datasets["val"]):
+            return []  # data.val_fraction=0 (labelled sequences): every series trains, nothing to validate
         return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
@@ -372,7 +375,7 @@ class SequenceDataModule(ClassificationData):
         self.channel_scaler = Affine.fit(self.scaler_kind, np.concatenate(parts["train"]["x"]))
         datasets = {}
         for split, part in parts.items():
-            if not len(part["ids"]):
+            if not len(part["ids"]) and not (split == "val" and self.val_fraction == 0):
                 raise DataValidationError(
                     f"{sources[split]}: no {split} series; give more series or change data.val_fraction "
                     "/ data.test_fraction"

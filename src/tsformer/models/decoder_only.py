@@ -72,6 +72,11 @@ class DecoderOnly(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch = cfg.patch_len or 1  # P steps per token
+        if cfg.embedding != "linear":
+            raise ValueError(
+                f"model.net.embedding={cfg.embedding}: a convolution reads steps on both sides, which a causal "
+                "decoder must not see; the decoder-only family takes embedding=linear"
+            )
         self.input_proj = InputProjection(self.patch * (cfg.d_target + cfg.d_known), cfg.d_model)
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base

@@ -36,6 +36,7 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
+from tsformer.nn.conv_embedding import ConvEmbedding, build_embedding, token_grid
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
@@ -66,7 +67,8 @@ class EncoderDecoder(nn.Module):
             raise ValueError(f"unknown start_token {cfg.start_token!r}; choose one of {START_TOKENS}")
         self.cfg = cfg
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
-        self.enc_proj = InputProjection(token_features(self.patching, cfg.d_enc_in), cfg.d_model)
+        self.enc_proj = build_embedding(cfg, token_features(self.patching, cfg.d_enc_in), self.patching)
+        self.grid = token_grid(self.patching, self.enc_proj)  # patches, strided convolution, or None
         self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
@@ -81,13 +83,13 @@ class EncoderDecoder(nn.Module):
     def memory_positions(self, n_hist: int, device=None) -> torch.Tensor:
         """`(L,)` positions of the memory tokens of a history of `n_hist` steps: its steps 0..N-1,
         or with patches the first step of each patch."""
-        return step_positions(self.patching, n_hist, device=device)
+        return step_positions(self.grid, n_hist, device=device)
 
     def encode(self, hist: torch.Tensor, hist_valid: torch.Tensor | None = None) -> torch.Tensor:
         """hist: `(B, N, d_enc_in)`, hist_valid: `(B, N)` bool -> memory `(B, L, d_model)`
         (L = N, or the number of patches)."""
         N = hist.shape[1]
-        self.positional.check_length(n_step_positions(self.patching, N))
+        self.positional.check_length(n_step_positions(self.grid, N))
         positions = self.memory_positions(N, device=hist.device)  # (L,)
         if self.patching is not None:
             if hist_valid is not None:
@@ -95,7 +97,12 @@ class EncoderDecoder(nn.Module):
                     "patch tokens take whole histories: no padding mask (hist_valid) with patch_len"
                 )
             hist = self.patching(hist)  # (B, N, d_enc_in) -> (B, L, P * d_enc_in)
-        h = self.dropout(self.positional(self.enc_proj(hist), positions))  # (B, L, d_model)
+        if isinstance(self.enc_proj, ConvEmbedding):
+            h = self.enc_proj(hist, hist_valid)  # (B, L, d_model), padding kept out of the convolutions
+            hist_valid = self.enc_proj.token_valid(hist_valid)
+        else:
+            h = self.enc_proj(hist)  # (B, L, d_model)
+        h = self.dropout(self.positional(h, positions))
         mask = padding_mask(hist_valid) if hist_valid is not None else None
         return self.encoder(h, mask=mask, positions=positions)
 
@@ -130,6 +137,8 @@ class EncoderDecoder(nn.Module):
         if self.go_token is not None and start == 0:
             h = torch.cat([h[:, :1] + self.go_token, h[:, 1:]], dim=1)
         h = self.dropout(self.positional(h, positions))
+        if isinstance(self.enc_proj, ConvEmbedding):
+            memory_valid = self.enc_proj.token_valid(memory_valid)  # steps -> the memory's tokens
         memory_mask = padding_mask(memory_valid) if memory_valid is not None else None
         h = self.decoder(
             h,

@@ -34,7 +34,7 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.embedding import InputProjection
+from tsformer.nn.conv_embedding import ConvEmbedding, build_embedding, token_grid
 from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
 from tsformer.nn.positional import build_positional
@@ -71,7 +71,13 @@ class EncoderOnly(nn.Module):
             raise ValueError(
                 "the per_step head gives one output per step: it takes no patch tokens (patch_len)"
             )
-        self.input_proj = InputProjection(token_features(self.patching, cfg.d_in), cfg.d_model)
+        self.input_proj = build_embedding(cfg, token_features(self.patching, cfg.d_in), self.patching)
+        self.conv = isinstance(self.input_proj, ConvEmbedding)
+        self.grid = token_grid(self.patching, self.input_proj)  # patches, strided convolution, or None
+        if self.conv and self.input_proj.stride > 1 and cfg.head == "per_step":
+            raise ValueError(
+                "the per_step head gives one output per step: it takes no model.net.conv_stride > 1"
+            )
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
@@ -89,7 +95,7 @@ class EncoderOnly(nn.Module):
         elif cfg.head == "classification":
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
         else:
-            n_tokens = n_step_tokens(self.patching, cfg.context_len)
+            n_tokens = n_step_tokens(self.grid, cfg.context_len)
             self.head = nn.Linear(n_tokens * cfg.d_model, cfg.horizon * d_out)  # flattened tokens -> M steps
 
     def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,15 +105,19 @@ class EncoderOnly(nn.Module):
         then at index 0, position 0, and the other tokens' positions move up by one).
         """
         B, N, _ = x.shape
-        self.positional.check_length(n_step_positions(self.patching, N) + int(self.use_cls))
+        self.positional.check_length(n_step_positions(self.grid, N) + int(self.use_cls))
         positions = step_positions(
-            self.patching, N, device=x.device
-        )  # (N,) or (L,): first step of each patch
+            self.grid, N, device=x.device
+        )  # (N,) or (L,): first step of each patch, or the step of each strided token
         if self.patching is not None:
             if valid is not None:
                 raise ValueError("patch tokens take whole windows: no padding mask (valid) with patch_len")
             x = self.patching(x)  # (B, N, d_in) -> (B, L, P * d_in)
-        h = self.input_proj(x)  # (B, N or L, d_model)
+        if self.conv:
+            h = self.input_proj(x, valid)  # (B, L, d_model), padding kept out of the convolutions
+            valid = self.input_proj.token_valid(valid)  # (B, L)
+        else:
+            h = self.input_proj(x)  # (B, N or L, d_model)
         if self.use_cls:
             h = torch.cat([self.cls_token.expand(B, 1, -1), h], dim=1)  # (B, N' + 1, d_model)
             positions = torch.cat([positions.new_zeros(1), positions + 1])  # (N' + 1,)
@@ -120,6 +130,8 @@ class EncoderOnly(nn.Module):
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
         h = self.encode(x, valid)
+        if self.conv:
+            valid = self.input_proj.token_valid(valid)  # (B, L): the tokens' own mask
         if self.cfg.head == "per_token":
             return self.head(h)  # (B, N', d_out)
         if self.cfg.head == "per_step":

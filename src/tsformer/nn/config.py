@@ -33,6 +33,11 @@ class TransformerConfig:
     # each layer's attention scores add the previous layer's (PatchTST's encoder); encoders only
     residual_attention: bool = False
     bias: bool = True
+    # encoders: how steps become tokens (nn/conv_embedding.py): "linear" (one step or patch, projected)
+    # | "conv" (Conv1d layers of these kernels, LayerNorm, GELU; one token per conv_stride steps)
+    embedding: str = "linear"
+    conv_kernels: tuple[int, ...] = (8, 5, 3)
+    conv_stride: int = 1
 
     @property
     def head_dim(self) -> int:

@@ -42,6 +42,7 @@ from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassF1Score
 
+from tsformer.data.augment import Augmentation
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.tasks.optimisation import Optimisation, Optimised
 from tsformer.tasks.setting_groups import InputOptions, TakesSettings
@@ -144,6 +145,7 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         head: dict | None = None,
         static_embedding_dim: int = 4,  # shared setting of _common.yaml; sequences have no static columns
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
+        augment: dict | None = None,  # training-batch augmentation (data/augment.py); None: none
         **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
@@ -174,6 +176,8 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         self.test_metrics = class_metrics(n_classes, "test/")
         self.test_log_loss = MeanMetric()
         self.baselines = [MajorityClass(), SummaryLogistic()]
+        self.augment = Augmentation(**(augment or {}))
+        self._augment_rng = np.random.default_rng(torch.initial_seed())  # the run's seed: repeatable
         self.test_outputs: dict[str, np.ndarray] = {}
         self._test_parts: list[tuple] = []
 
@@ -222,9 +226,12 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
     # -- Lightning steps ------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self.augment.active:  # training batches only: validation and test read the samples as they are
+            batch = self.augment(batch, len(self.classes), self._augment_rng)
         logits = self(batch["x"], batch["valid"])
+        target = batch.get("soft_label", batch["label"])  # mixup's mixed one-hot labels (B, C), or (B,)
         loss = F.cross_entropy(
-            logits, batch["label"], weight=self.weight, label_smoothing=self.hparams.label_smoothing
+            logits, target, weight=self.weight, label_smoothing=self.hparams.label_smoothing
         )
         self.log("train/loss", loss, prog_bar=True, batch_size=len(logits))
         return loss

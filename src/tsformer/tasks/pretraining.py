@@ -6,7 +6,8 @@ geometric length (`tsformer.nn.masking`, `mask_ratio`, `mask_mean_length`) are s
 `interpolate_hidden`, to the linear interpolation of their kept neighbours) and restored from both sides:
 
     x (B, T, D) --hide--> (B, T, D) --EncoderOnly(per_token head), padding masked-->
-        (B, T', F) restored values per token: F = D per step, or P * D per patch of P steps (patch_len)
+        (B, T', F) restored values per token: F = D per step, or P * D per patch of P steps (patch_len),
+        or S * D per token of a convolutional embedding of stride S (model.net.conv_stride)
     loss: MSE over the hidden values of the real steps only (padding is never hidden nor scored).
 
 The network is the classifier's own (`model.net`, `patch_len`, `patch_stride` of the same model config,
@@ -70,7 +71,9 @@ class MaskedPretraining(TakesSettings, Optimised, L.LightningModule):
             )
         patch_len, patch_stride = options.patch_len, options.patch_stride
         patching = Patching(patch_len, patch_stride) if patch_len else None
-        d_out = token_features(patching, d_in)  # a token restores its values: D, or P * D for a patch
+        # a token restores its values: D, P * D for a patch, or S * D for a token of a conv_stride of S
+        stride = net.get("conv_stride", 1) if net.get("embedding", "linear") == "conv" else 1
+        d_out = token_features(patching, d_in) * stride
         self.net = EncoderOnly(
             EncoderOnlyConfig(
                 **net,
@@ -114,7 +117,11 @@ class MaskedPretraining(TakesSettings, Optimised, L.LightningModule):
     def tokens(self, values: torch.Tensor) -> torch.Tensor:
         """Per-step values `(B, T, D)` in the network's output layout `(B, T', F)` (patches or steps)."""
         patching = self.net.patching
-        return patching(values) if patching is not None else values
+        if patching is not None:
+            return patching(values)
+        if self.net.grid is not None:  # a strided convolutional embedding: S steps per token
+            return self.net.grid.group_steps(values)
+        return values
 
     def restore(self, batch: dict, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the network's values, the true values, scored) `(B, T', F)` each for `hidden` `(B, T, D)`

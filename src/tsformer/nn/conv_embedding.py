@@ -1,0 +1,117 @@
+"""Convolutional token embedding (`model.net.embedding=conv`): a few Conv1d layers lift the steps to tokens.
+
+A linear projection sees one step (or one patch) at a time, so a token knows its own values only and
+attention must find every local shape from scratch. The convolutional networks that lead on shape data
+(FCN, ResNet, InceptionTime) read local patterns with kernels of a few steps; ConvTran (Foumani et al.
+2024) puts such a stem under its Transformer. Here each layer is
+
+    steps masked (padding set to 0) -> Conv1d(kernel k, 'same' padding) -> LayerNorm over channels -> GELU
+
+with kernels `conv_kernels` (8, 5, 3: FCN's), all `d_model` channels wide. The first layer may take a
+`conv_stride` S > 1: one token per S steps (token i at step i * S), which shortens attention's sequence.
+
+Padding never leaks in: before every convolution the padded steps of a batch are set to 0, which is what
+the 'same' padding of a sample alone puts past its end; the norm is per step (LayerNorm over the
+channels), never over the batch or the time axis. So a sample's tokens are the same alone or among
+longer, padded ones (tested). A token is valid when the step it sits at is (`token_valid`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EMBEDDINGS = ("linear", "conv")
+
+
+class ConvEmbedding(nn.Module):
+    """Steps `(B, T, d_in)` -> tokens `(B, ceil(T / S), d_model)` (see the module docstring)."""
+
+    def __init__(self, d_in: int, d_model: int, kernels=(8, 5, 3), stride: int = 1):
+        super().__init__()
+        kernels = [int(k) for k in kernels]
+        if d_in < 1:
+            raise ValueError(f"a token needs at least one input feature, got d_in={d_in}")
+        if not kernels or min(kernels) < 1:
+            raise ValueError(f"model.net.conv_kernels={kernels}: give one kernel size >= 1 per layer")
+        if stride < 1:
+            raise ValueError(f"model.net.conv_stride={stride}: must be >= 1")
+        self.d_in, self.stride, self.kernels = d_in, int(stride), kernels
+        widths = [d_in, *[d_model] * len(kernels)]
+        self.convs = nn.ModuleList(
+            nn.Conv1d(widths[i], widths[i + 1], k, stride=self.stride if i == 0 else 1)
+            for i, k in enumerate(kernels)
+        )
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in kernels)
+        self.act = nn.GELU()
+
+    # the token grid, as `tsformer.nn.patching.Patching` gives it (the models ask either the same way)
+    def count(self, n_steps: int) -> int:
+        return -(-n_steps // self.stride)  # ceil(T / S)
+
+    def n_positions(self, n_steps: int) -> int:
+        return (self.count(n_steps) - 1) * self.stride + 1
+
+    def positions(self, n_steps: int, device=None) -> torch.Tensor:
+        """`(L,)`: the step each token sits at."""
+        return torch.arange(self.count(n_steps), device=device) * self.stride
+
+    def token_valid(self, valid: torch.Tensor | None) -> torch.Tensor | None:
+        """`(B, T)` valid steps -> `(B, L)` valid tokens (a token is real when its step is)."""
+        return valid if valid is None or self.stride == 1 else valid[:, :: self.stride]
+
+    def group_steps(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-step values `(B, T, C)` -> `(B, L, S * C)`, the S steps from each token's own step on
+        (step-major, the end padded with 0): what a per-token output restores, as a patch's."""
+        B, T, C = values.shape
+        L = self.count(T)
+        values = F.pad(values, (0, 0, 0, L * self.stride - T))  # (B, L * S, C)
+        return values.reshape(B, L, self.stride * C)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[-1] != self.d_in:
+            raise ValueError(
+                f"expected {self.d_in} features per step, got {x.shape[-1]} (input shape {tuple(x.shape)})"
+            )
+        h = x.transpose(1, 2)  # (B, d_in, T): Conv1d's layout
+        keep = None if valid is None else valid.unsqueeze(1).to(h.dtype)  # (B, 1, T)
+        for i, (conv, norm) in enumerate(zip(self.convs, self.norms, strict=True)):
+            if keep is not None:
+                h = h * keep  # padded steps read as the zeros past a lone sample's end
+            k = conv.kernel_size[0]
+            h = conv(F.pad(h, ((k - 1) // 2, k // 2)))  # 'same' padding, (B, d_model, L)
+            if i == 0 and keep is not None:
+                keep = keep[:, :, :: self.stride]  # (B, 1, L)
+            h = self.act(norm(h.transpose(1, 2)).transpose(1, 2))  # LayerNorm per token over channels
+        if keep is not None:
+            h = h * keep  # padded tokens carry nothing
+        return h.transpose(1, 2)  # (B, L, d_model)
+
+    def extra_repr(self) -> str:
+        return f"kernels={self.kernels}, stride={self.stride}"
+
+
+def token_grid(patching, embedding):
+    """What places the tokens on the time axis: the patches, a strided convolutional embedding, or None
+    (one token per step); `tsformer.nn.patching`'s helpers take either."""
+    if patching is not None:
+        return patching
+    return embedding if isinstance(embedding, ConvEmbedding) else None
+
+
+def build_embedding(cfg, d_token: int, patching=None) -> nn.Module:
+    """The input embedding of an encoder: `InputProjection` (`model.net.embedding=linear`) of each step or
+    patch, or `ConvEmbedding` (`conv`) of the steps; a convolution reads steps, so it takes no patches."""
+    from tsformer.nn.embedding import InputProjection
+
+    if cfg.embedding not in EMBEDDINGS:
+        raise ValueError(f"unknown model.net.embedding {cfg.embedding!r}; choose one of {EMBEDDINGS}")
+    if cfg.embedding == "linear":
+        return InputProjection(d_token, cfg.d_model)
+    if patching is not None:
+        raise ValueError(
+            "model.net.embedding=conv reads steps, not patches: set model.patch_len=null "
+            "(model.net.conv_stride gives one token per stride of steps)"
+        )
+    return ConvEmbedding(d_token, cfg.d_model, cfg.conv_kernels, cfg.conv_stride)
