@@ -21,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from tsformer.settings import SettingError
+
 TAIL_FRACTION = 0.05  # the peaks over this upper share of the validation scores fit the Pareto tail
 
 
 def calibrate_threshold(val_scores: np.ndarray, false_alarm_rate: float) -> float:
     """The score that normal rows exceed with probability `false_alarm_rate`, from `val_scores`."""
     if not 0.0 < false_alarm_rate < 1.0:
-        raise ValueError(f"anomaly.false_alarm_rate={false_alarm_rate}: a probability between 0 and 1")
+        raise SettingError(f"anomaly.false_alarm_rate={false_alarm_rate}: a probability between 0 and 1")
     scores = np.sort(np.asarray(val_scores, dtype=float))
     n = len(scores)
     if n == 0:
@@ -52,9 +54,9 @@ class EventRule:
 
     def __post_init__(self):
         if not 1 <= self.k <= self.n:
-            raise ValueError(f"anomaly.events: k={self.k} of n={self.n} needs 1 <= k <= n")
+            raise SettingError(f"anomaly.events: k={self.k} of n={self.n} needs 1 <= k <= n")
         if self.merge_gap < 0 or self.min_duration < 1:
-            raise ValueError(
+            raise SettingError(
                 f"anomaly.events: merge_gap={self.merge_gap} must be >= 0 and min_duration={self.min_duration} >= 1"
             )
 

@@ -41,6 +41,7 @@ from tsformer.data.schema import DataValidationError
 from tsformer.models import DecoderOnly, DecoderOnlyConfig
 from tsformer.nn.heads import GaussianHead
 from tsformer.nn.masking import MaskConfig, draw_mask
+from tsformer.settings import SettingError
 from tsformer.tasks.masked import MaskedFillIn
 
 METHODS = ("masked", "forecast")
@@ -89,12 +90,12 @@ class DetectorSettings:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(settings) - known)
         if unknown:
-            raise ValueError(f"anomaly detector: unknown setting(s) {unknown}; known: {sorted(known)}")
+            raise SettingError(f"anomaly.settings: unknown setting(s) {unknown}; known: {sorted(known)}")
         out = cls(**settings)
         if out.steps < 20:  # the learning-rate schedule's warmup needs a few steps
-            raise ValueError(f"anomaly.settings.steps={out.steps}: at least 20 optimiser steps")
+            raise SettingError(f"anomaly.settings.steps={out.steps}: at least 20 optimiser steps")
         if out.context_len < 2:
-            raise ValueError(f"anomaly.context_len={out.context_len}: a window needs at least 2 steps")
+            raise SettingError(f"anomaly.context_len={out.context_len}: a window needs at least 2 steps")
         return out
 
 
@@ -395,7 +396,7 @@ def fit_detector(
     """A detector trained on the normal `train` rows; `val`: held-out normal rows (None: the last 20 %
     of each series of `train`) that set each channel's usual error and the alarms' threshold."""
     if method not in DETECTORS:
-        raise ValueError(f"anomaly.method={method!r}: choose one of {METHODS}")
+        raise SettingError(f"anomaly.method={method!r}: choose one of {METHODS}")
     s = DetectorSettings.of(settings)
     if val is None:
         train, val = split_normal_rows(train)
