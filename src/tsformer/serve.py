@@ -65,6 +65,11 @@ def read_request(
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BadRequest(f"the body is not JSON: {err}") from err
+    return _table_of_json(payload)
+
+
+def _table_of_json(payload) -> tuple[pd.DataFrame, dict]:
+    """(table, params) of a JSON request: `dataframe_split` or `dataframe_records`, and `params`."""
     params = payload.get("params") or {} if isinstance(payload, dict) else {}
     if isinstance(payload, dict) and isinstance(payload.get("dataframe_split"), dict):
         split = payload["dataframe_split"]

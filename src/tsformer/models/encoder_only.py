@@ -90,13 +90,18 @@ class EncoderOnly(nn.Module):
             raise ValueError(f"linear_skip belongs to the per_step head, not to head={cfg.head!r}")
         d_out = cfg.d_out * cfg.n_params  # outputs per step: every parameter of every channel
         self.linear_skip = nn.Linear(cfg.d_in, d_out) if cfg.linear_skip else None
+        self.head = self._output_head(d_out)
+
+    def _output_head(self, d_out: int) -> nn.Linear:
+        """The head's linear layer: per step or token (`d_out`), per class, or the flattened tokens to
+        the M steps of the horizon."""
+        cfg = self.cfg
         if cfg.head in ("per_step", "per_token"):
-            self.head = nn.Linear(cfg.d_model, d_out)
-        elif cfg.head == "classification":
-            self.head = nn.Linear(cfg.d_model, cfg.n_classes)
-        else:
-            n_tokens = n_step_tokens(self.grid, cfg.context_len)
-            self.head = nn.Linear(n_tokens * cfg.d_model, cfg.horizon * d_out)  # flattened tokens -> M steps
+            return nn.Linear(cfg.d_model, d_out)
+        if cfg.head == "classification":
+            return nn.Linear(cfg.d_model, cfg.n_classes)
+        n_tokens = n_step_tokens(self.grid, cfg.context_len)
+        return nn.Linear(n_tokens * cfg.d_model, cfg.horizon * d_out)  # flattened tokens -> M steps
 
     def encode(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x: `(B, N, d_in)`, valid: `(B, N)` bool, True on real steps -> `(B, N', d_model)`.
