@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO
 from tsformer.anomaly.job import AnomalyModel, split_at
 from tsformer.anomaly.plant import CHANNELS, simulate_plant_anomaly
+from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
 
 pytestmark = pytest.mark.slow
@@ -66,10 +67,11 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
 
     import mlflow
 
-    client = mlflow.MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    artifacts = {a.path for a in client.list_artifacts(result.run_id, "plots")}
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    with tracking_uri_for(uri):  # a `runs:/` URI is looked up in the process's tracking URI
+        artifacts = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(result.run_id, "plots")}
+        model = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model")
     assert artifacts == {"plots/anomaly_scores.png", "plots/anomaly_contributions.png"}
-    model = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model")
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5).head(300)
     np.testing.assert_allclose(
         model.predict(table)["score"], AnomalyModel.load(result.model_folder).judge(table)[0]["score"]

@@ -32,6 +32,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tsformer import tracking
 from tsformer.anomaly.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.anomaly.detector import (
     DETECTORS,
@@ -348,12 +349,25 @@ def record(
     mlflow_cfg = logger.get("mlflow") if hasattr(logger, "get") else None
     if mlflow_cfg is None:
         return None
+    import mlflow
+
+    # absolute (MLflow caches a database per URI string), its experiment's files beside it, and the
+    # process's tracking URI put back after the run
+    uri = tracking.absolute_sqlite_uri(mlflow_cfg.tracking_uri)
+    tracking.prepare_sqlite_store(uri, mlflow_cfg.experiment_name)
+    name = mlflow_cfg.get("run_name") or f"anomaly-{model.detector.method}-{cfg.data.name}"
+    with tracking.tracking_uri_for(uri):
+        mlflow.set_experiment(mlflow_cfg.experiment_name)
+        return _record_run(name, cfg, model, metrics, rows, scores, folder, files, judged)
+
+
+def _record_run(
+    name: str, cfg, model: AnomalyModel, metrics, rows, scores, folder: Path, files: list[Path], judged
+) -> str:
+    """The run's params, metrics, figures, files and pyfunc model, in the active tracking URI."""
     import matplotlib.pyplot as plt
     import mlflow
 
-    mlflow.set_tracking_uri(mlflow_cfg.tracking_uri)
-    mlflow.set_experiment(mlflow_cfg.experiment_name)
-    name = mlflow_cfg.get("run_name") or f"anomaly-{model.detector.method}-{cfg.data.name}"
     with mlflow.start_run(run_name=name, tags={"job": "anomaly"}) as active:
         mlflow.log_params({"method": model.detector.method, "false_alarm_rate": model.false_alarm_rate,
                            **{f"settings.{k}": v for k, v in asdict(model.detector.settings).items()},
