@@ -181,6 +181,20 @@ def check(cfg: DictConfig) -> None:
         )
     if cfg.get("model") is not None:
         _check_model(cfg.model)
+        _refuse_window_mismatch(cfg.model, data)
+
+
+def _refuse_window_mismatch(model: DictConfig, data: DictConfig | None) -> None:
+    """The windows of a table follow the model's sizes (`data.context_len: ${model.context_len}`): a
+    window of another length would train a network its model folder does not describe."""
+    for key in ("context_len", "horizon"):
+        if data is None or model.get(key) is None or data.get(key) is None:
+            continue
+        if data[key] != model[key]:
+            raise SettingError(
+                f"data.{key}={data[key]} differs from model.{key}={model[key]}: set model.{key} "
+                f"(data.{key} follows it)"
+            )
 
 
 def _refuse_validation_callbacks_without_validation(cfg: DictConfig) -> None:
