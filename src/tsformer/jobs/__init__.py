@@ -35,30 +35,13 @@ REGISTERED = (
     "imputation",
     "classification",
     "pretraining",
+    "anomaly",
 )
 JOBS: dict[str, Job] = {
     job.name: job for job in (import_module(f"tsformer.jobs.{m}").JOB for m in REGISTERED)
 }
 
-# Jobs that train with a loop of their own rather than a task of tasks/, and so are not yet in `JOBS`
-# nor held to its contract (tests/test_jobs.py): the config node that selects each (a run with that
-# node is this job), its module (with `run(cfg)` and `predict_folder(folder, args)`) and the file that
-# marks its model folder.
-STANDALONE = {"anomaly": ("tsformer.anomaly.job", "anomaly.json")}
-STANDALONE_FOLDER_FILES = tuple(marker for _, marker in STANDALONE.values())
-
 __all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]
-__all__ += ["STANDALONE_FOLDER_FILES", "standalone_of_config", "standalone_of_folder"]
-
-
-def standalone_of_config(cfg):
-    """The module of the standalone job the run's config selects (`STANDALONE`), or None."""
-    return next((import_module(m) for key, (m, _) in STANDALONE.items() if cfg.get(key) is not None), None)
-
-
-def standalone_of_folder(folder: Path):
-    """The module of the standalone job whose model folder `folder` is, or None."""
-    return next((import_module(m) for m, marker in STANDALONE.values() if (folder / marker).is_file()), None)
 
 
 def job_of_task(task_class: type) -> Job | None:
