@@ -10,7 +10,9 @@ the two methods compute is said in `tsformer.tasks.anomaly`.
 
 from __future__ import annotations
 
+import logging
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import lightning as L
@@ -75,6 +77,18 @@ class DetectorSettings:
         )  # fmt: skip
 
 
+@contextmanager
+def _quiet_lightning():
+    """Lightning's notes on devices and tips (a script prints its own figures), its warnings kept."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def fit_detector(
     train: pd.DataFrame,
     val: pd.DataFrame | None,
@@ -101,7 +115,7 @@ def fit_detector(
         batch_size=s.batch_size, seed=seed,
     )  # fmt: skip
     task.set_standardisation(data.loc, data.scale)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, _quiet_lightning():
         best = ModelCheckpoint(dirpath=folder, monitor="val/loss", save_weights_only=True)
         trainer = L.Trainer(
             max_steps=s.steps, max_epochs=-1, val_check_interval=max(1, s.steps // 10),

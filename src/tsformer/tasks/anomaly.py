@@ -86,8 +86,11 @@ class AnomalyScoring:
                 f"monitor={monitor!r}: a detector is checkpointed on val/loss (its training loss)"
             )
         if not 0.0 < float(false_alarm_rate) < 1.0:
-            raise ValueError(f"model.false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
-        EventRule(**{**EVENT_RULE, **(events or {})})  # refuses a bad rule now, before any training
+            raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
+        try:  # a bad rule refused now, before any training
+            EventRule(**{**EVENT_RULE, **(events or {})})
+        except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
+            raise ValueError(f"events: {str(err).removeprefix('anomaly.events: ')}") from None
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
@@ -190,7 +193,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         super().__init__(*args, **kwargs)
         for name, value in (("n_masks", n_masks), ("run_length", run_length), ("stride", stride)):
             if int(value) < 1:
-                raise ValueError(f"model.{name}={value}: at least 1")
+                raise ValueError(f"{name}={value}: at least 1")
         self.n_kinds = 2 if channel_out else 1
         self.init_scoring(false_alarm_rate, events, monitor)
 
@@ -294,13 +297,13 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         kind = (head or {}).get("kind", "point")
         if kind not in ("point", "gaussian"):
             raise ValueError(
-                f"the forecast detector's head is Gaussian: head={kind} is none of its (head=gaussian)"
+                f"head={kind}: the forecast detector's head is Gaussian (head=gaussian, or the default head=point)"
             )
         head = {"kind": "gaussian"} if kind == "point" else dict(head)  # the point head: the group's default
         super().__init__(*args, head=head, **kwargs)
         if self.hparams.horizon != 1:
             raise ValueError(
-                f"model.horizon={self.hparams.horizon}: the forecast detector predicts one step ahead (1)"
+                f"horizon={self.hparams.horizon}: the forecast detector predicts one step ahead (1)"
             )
         self.init_scoring(false_alarm_rate, events, monitor)
 
