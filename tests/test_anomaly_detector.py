@@ -60,7 +60,7 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
     holed.loc[holed.index[7], "supply_voltage"] = np.nan
     with pytest.raises(DataValidationError, match="column 'supply_voltage', row 7 .counted from 0.: empty"):
         check_table(holed, CHANNELS, 16)
-    with pytest.raises(DataValidationError, match="fewer than one window .model.context_len: 16 rows"):
+    with pytest.raises(DataValidationError, match="fewer than one window of 16 .model.context_len"):
         check_table(plant.head(10), CHANNELS, 16)
 
 

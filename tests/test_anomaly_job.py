@@ -5,9 +5,11 @@ tests/test_jobs.py, runs it too.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -17,6 +19,8 @@ from conftest import REPO, TINY_ANOMALY
 from tsformer.anomaly.judging import AnomalyModel
 from tsformer.anomaly.plant import CHANNELS, simulate_plant_anomaly
 from tsformer.data.anomaly import split_at
+from tsformer.jobs import JOBS, load_model
+from tsformer.serve import answer
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
 
@@ -66,9 +70,11 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
     assert artifacts == {"plots/anomaly_scores.png", "plots/anomaly_contributions.png"}
     assert logged["test/event_recall"] == result.metrics["test/event_recall"]
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5).head(300)
-    np.testing.assert_allclose(
-        model.predict(table)["score"], AnomalyModel.load(result.model_folder).judge(table)[0]["score"]
-    )
+    expected = AnomalyModel.load(result.model_folder).judge(table)[0]["score"]
+    np.testing.assert_allclose(model.predict(table)["score"], expected)
+    # tsformer-serve answers with the job's rows of a table
+    served = answer(partial(JOBS["anomaly"].predict_table, load_model(result.model_folder)), table, {})
+    np.testing.assert_allclose([row["score"] for row in json.loads(served)["predictions"]], expected)
 
 
 def predict(model, data, output, cwd):
@@ -97,7 +103,10 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path):
         return
     cases = {
         "missing": (table.drop(columns="supply_voltage"), "column 'supply_voltage' is missing"),
-        "short": (table.head(10), "has 10 rows, fewer than one window (model.context_len: "),
+        "short": (
+            table.head(10),
+            "has 10 rows, fewer than one window of 16 (model.context_len + model.horizon)",
+        ),
         "empty": (holed, "column 'dynamic_pressure', row 11 (counted from 0): empty"),
         "labels": (labels, "column 'label' (data.label_col), row 3 (counted from 0): 7; labels must be 0"),
     }

@@ -57,7 +57,8 @@ def check_table(table: pd.DataFrame, channels: list[str], min_rows: int, what: s
         if len(rows) < min_rows:
             name = f"series {sid!r}" if sid is not None else "the table"
             raise DataValidationError(
-                f"{what}: {name} has {len(rows)} rows, fewer than one window (model.context_len: {min_rows} rows)"
+                f"{what}: {name} has {len(rows)} rows, fewer than one window of {min_rows} "
+                "(model.context_len + model.horizon)"
             )
 
 
