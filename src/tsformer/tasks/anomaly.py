@@ -139,10 +139,14 @@ class AnomalyScoring:
         raise NotImplementedError
 
     def score(self, table: pd.DataFrame, what: str = "table") -> Scores:
+        """Every row's score and its channels' contributions; a table it cannot score is one line."""
         check_table(table, self.channels, self.window, what)
-        scale = self.error_scale.cpu().numpy()[:, None, :]  # (K, 1, C)
-        # (T, C): each kind of error in its 1-in-100 validation error, the largest kind counts
-        contributions = (self.raw_errors(table) / scale).max(axis=0)
+        return self.scores_of(self.raw_errors(table))
+
+    def scores_of(self, raw: np.ndarray) -> Scores:
+        """`Scores` of raw errors `(K, T, C)`: each kind of error in its 1-in-100 validation error, the
+        largest kind a channel's contribution `(T, C)`, their mean the row's score."""
+        contributions = (raw / self.error_scale.cpu().numpy()[:, None, :]).max(axis=0)
         return Scores(contributions.mean(axis=1), contributions, self.channels)
 
     def calibrate(self, val: pd.DataFrame) -> np.ndarray:
@@ -150,10 +154,11 @@ class AnomalyScoring:
         `val`; returns their scores."""
         from tsformer.anomaly.alarms import calibrate_threshold
 
+        check_table(val, self.channels, self.window, "validation rows")
         raw = self.raw_errors(val)  # (K, T_val, C)
         scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=1), MIN_SPREAD)  # (K, C)
         self.error_scale.copy_(torch.as_tensor(scale))
-        self.val_scores = self.score(val, "validation rows").score
+        self.val_scores = self.scores_of(raw).score
         self.threshold.fill_(calibrate_threshold(self.val_scores, float(self.hparams.false_alarm_rate)))
         return self.val_scores
 
