@@ -34,7 +34,9 @@ class DetectorSettings:
     d_model: int = 32
     n_heads: int = 4
     n_layers: int = 2
-    lr: float = 1e-3
+    lr: float = 1e-3  # the project's AdamW and warmup-cosine schedule (tasks/optimisation.py)
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05
     batch_size: int = 64
     steps: int = 1500  # optimiser steps
     # masked
@@ -63,7 +65,7 @@ class DetectorSettings:
         """The untrained detector task of `method` for `channels`, as these settings size it."""
         net = {"d_model": self.d_model, "n_heads": self.n_heads, "n_layers": self.n_layers}
         common = {"d_target": len(channels), "d_known": 0, "d_observed": 0, "target_names": list(channels),
-                  "lr": self.lr}  # fmt: skip
+                  "lr": self.lr, "warmup_steps": self.warmup_steps, "min_lr_ratio": self.min_lr_ratio}  # fmt: skip
         if method == "forecast":
             return DETECTORS[method](
                 net=net, context_len=self.context_len - 1, horizon=1, head={"kind": "gaussian"}, **common
