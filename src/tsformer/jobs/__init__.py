@@ -5,7 +5,8 @@ A job (`base.Job`) is a module holding
 - `takes_data(datamodule)` and `task_sizes(datamodule)`: the data it runs on and what the task's
   constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
 - `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
-  folder always; a CSV, an example table for the pyfunc model where it has them);
+  folder always; a CSV, an example table for the pyfunc model where it has them; test metrics of its
+  own, from those outputs, which the run adds to the test's);
 - `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and figures in the MLflow run
   (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
 - `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
