@@ -83,6 +83,20 @@ TINY = [
 ]
 
 
+# a tiny anomaly-detection run on the simulated plant with faults (4 series of 1400 rows, half normal)
+TINY_ANOMALY = [
+    "experiment=plant_anomaly",
+    *[o for o in TINY if not o.startswith(("data.source", "n_plot"))],
+    "trainer.limit_train_batches=20",
+    "data.source.n_steps=1400",
+    "data.source.test_fraction=0.5",
+    "data.train_end=0.5",
+    "data.batch_size=16",
+    "model.context_len=16",
+    "model.false_alarm_rate=0.01",
+]
+
+
 PLANT_TARGETS = ["dynamic_temperature", "dynamic_pressure"]
 PLANT_KNOWN = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
 

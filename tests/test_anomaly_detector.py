@@ -10,6 +10,7 @@ from tsformer.anomaly import EventRule, calibrate_threshold, events_of, fit_dete
 from tsformer.anomaly.detector import check_table
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
+from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]
 TINY = {
@@ -59,7 +60,7 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
     holed.loc[holed.index[7], "supply_voltage"] = np.nan
     with pytest.raises(DataValidationError, match="column 'supply_voltage', row 7 .counted from 0.: empty"):
         check_table(holed, CHANNELS, 16)
-    with pytest.raises(DataValidationError, match="fewer than one window .anomaly.context_len=16"):
+    with pytest.raises(DataValidationError, match="fewer than one window of 16 .model.context_len"):
         check_table(plant.head(10), CHANNELS, 16)
 
 
@@ -106,3 +107,22 @@ def test_labels_and_settings_refused():
         fit_detector(pd.DataFrame({"a": [1.0] * 40}), None, ["a"], method="nope")
     with pytest.raises(ValueError, match="unknown setting"):
         fit_detector(pd.DataFrame({"a": [1.0] * 40}), None, ["a"], colour="red")
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"false_alarm_rate": 2}, "false_alarm_rate=2: a share of normal rows"),
+        ({"events": {"k": 3}}, "events: k=3 of n=1 needs 1 <= k <= n"),
+        ({"events": {"colour": 1}}, "events: "),
+        ({"monitor": "val/mse"}, "monitor='val/mse'"),
+        ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
+    ],
+)
+def test_a_detector_refuses_bad_alarm_settings_when_built(setting, message):
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 2, "d_known": 0, "d_observed": 0}
+    task = ForecastAnomalyDetector if "head" in setting else MaskedAnomalyDetector
+    window = {"context_len": 8, "horizon": 1 if task is ForecastAnomalyDetector else 0}
+    with pytest.raises(ValueError) as err:
+        task(**sizes, **window, **setting)
+    assert str(err.value).startswith(message), str(err.value)

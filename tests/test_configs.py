@@ -34,7 +34,8 @@ ARCHIVE = {
 CLASSIFICATION |= ARCHIVE
 
 
-ANOMALY = {"plant_anomaly"}  # the anomaly job's data and experiment (tsformer.anomaly.job, no data module)
+# the anomaly job's data, detectors and experiment (tsformer.jobs.anomaly)
+ANOMALY = {"plant_anomaly", "enc_only_anomaly", "dec_only_anomaly"}
 
 
 def options(group: str, job: str = "forecasting") -> list[str]:
@@ -134,14 +135,18 @@ def test_each_experiment(experiment, in_tmp):
     assert dm.n_windows("test") > 0
 
 
+@pytest.mark.parametrize("model", options("model", "anomaly"))
 @pytest.mark.parametrize("experiment", options("experiment", "anomaly"))
-def test_each_anomaly_experiment(experiment, in_tmp):
-    """Each composes the anomaly job's settings and a labelled table with its channels."""
-    cfg = compose_config([f"experiment={experiment}"], in_tmp / "out")
-    assert cfg.anomaly.method in ("masked", "forecast") and 0 < cfg.anomaly.false_alarm_rate < 1
-    table = instantiate(cfg.data.source)
-    assert set(cfg.data.target_cols) | {cfg.data.label_col} <= set(table.columns)
-    assert set(table[cfg.data.label_col].unique()) == {0, 1}
+def test_each_anomaly_experiment_with_each_detector(experiment, model, in_tmp):
+    """Each builds its labelled table's data and the detector sized for it: the label is no channel."""
+    small = ["data.source.n_steps=1400", "data.source.test_fraction=0.5", "data.train_end=0.5"]
+    cfg = compose_config([f"experiment={experiment}", f"model={model}", *small], in_tmp / "out")
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = build_task(cfg.model, dm)
+    assert task.channels == list(cfg.data.target_cols) and cfg.data.label_col not in task.channels
+    assert set(dm.tables["test"][cfg.data.label_col].unique()) == {0, 1}
+    assert 0 < task.hparams.false_alarm_rate < 1 and task.window == dm.window
 
 
 @pytest.mark.parametrize(

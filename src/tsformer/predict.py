@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
-from tsformer.jobs import JOBS, STANDALONE_FOLDER_FILES, job_of_folder, standalone_of_folder
+from tsformer.jobs import JOBS, job_of_folder
 from tsformer.model_folder import CONFIG_FILE
 from tsformer.tracking import TrackingServerUnreachable
 
@@ -40,7 +40,7 @@ MODEL_FOLDER_PLACES = (".", "model", "artifacts/model")
 
 def find_model_folder(folder: Path) -> Path:
     for place in MODEL_FOLDER_PLACES:
-        if any((folder / place / name).is_file() for name in (CONFIG_FILE, *STANDALONE_FOLDER_FILES)):
+        if (folder / place / CONFIG_FILE).is_file():
             return folder / place
     raise FileNotFoundError(
         f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
@@ -123,10 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            standalone = standalone_of_folder(folder)  # a model of a job outside JOBS (jobs.STANDALONE)
-            if standalone is not None:
-                print(standalone.predict_folder(folder, args))
-                return 0
             job = job_of_folder(folder)
             model = job.load(folder)  # the inference object the job predicts with
         _check_flags(job, args)

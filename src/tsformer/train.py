@@ -43,7 +43,7 @@ from tsformer import init_from, resume, settings, tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
-from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary, standalone_of_config
+from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
 from tsformer.settings import SettingError
 from tsformer.tasks.setting_groups import task_settings
 
@@ -153,10 +153,6 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
-    standalone = standalone_of_config(cfg)  # a job with a training loop of its own (jobs.STANDALONE)
-    if standalone is not None:
-        _refuse_used_output_folder(cfg)
-        return standalone.run(cfg)
     settings.check(cfg)  # first: a setting that cannot work stops the run before data or MLflow
     tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
@@ -190,6 +186,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
         recorder.log_outputs(job, task, datamodule, outputs, best_ckpt)
+        metrics |= outputs.metrics  # the job's own, from its outputs
 
     print_summary(job, recorder.logger if recorder.opened else None, metrics, task.baselines, outputs)
     return RunResult(

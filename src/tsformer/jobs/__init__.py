@@ -5,7 +5,8 @@ A job (`base.Job`) is a module holding
 - `takes_data(datamodule)` and `task_sizes(datamodule)`: the data it runs on and what the task's
   constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
 - `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
-  folder always; a CSV, an example table for the pyfunc model where it has them);
+  folder always; a CSV, an example table for the pyfunc model where it has them; test metrics of its
+  own, from those outputs, which the run adds to the test's);
 - `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and figures in the MLflow run
   (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
 - `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
@@ -35,30 +36,13 @@ REGISTERED = (
     "imputation",
     "classification",
     "pretraining",
+    "anomaly",
 )
 JOBS: dict[str, Job] = {
     job.name: job for job in (import_module(f"tsformer.jobs.{m}").JOB for m in REGISTERED)
 }
 
-# Jobs that train with a loop of their own rather than a task of tasks/, and so are not yet in `JOBS`
-# nor held to its contract (tests/test_jobs.py): the config node that selects each (a run with that
-# node is this job), its module (with `run(cfg)` and `predict_folder(folder, args)`) and the file that
-# marks its model folder.
-STANDALONE = {"anomaly": ("tsformer.anomaly.job", "anomaly.json")}
-STANDALONE_FOLDER_FILES = tuple(marker for _, marker in STANDALONE.values())
-
 __all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]
-__all__ += ["STANDALONE_FOLDER_FILES", "standalone_of_config", "standalone_of_folder"]
-
-
-def standalone_of_config(cfg):
-    """The module of the standalone job the run's config selects (`STANDALONE`), or None."""
-    return next((import_module(m) for key, (m, _) in STANDALONE.items() if cfg.get(key) is not None), None)
-
-
-def standalone_of_folder(folder: Path):
-    """The module of the standalone job whose model folder `folder` is, or None."""
-    return next((import_module(m) for m, marker in STANDALONE.values() if (folder / marker).is_file()), None)
 
 
 def job_of_task(task_class: type) -> Job | None:

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,10 @@ class RunOutputs:
     example: pd.DataFrame | None = None
     example_forecasts: pd.DataFrame | None = None
     optional_inputs: tuple[str, ...] = ()  # columns of `example` new data may leave out
+    # the job's own test metrics from its outputs (`test/...`: anomaly detection's alarms against labels),
+    # which `train.run` adds to the test's; the job's `log_outputs` logs them
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)  # what else the job hands on to log_outputs
 
 
 def _nothing(*args) -> None:

@@ -1,0 +1,127 @@
+"""Anomaly detection (`experiment=plant_anomaly`; model=enc_only_anomaly or dec_only_anomaly): a detector
+(`tasks/anomaly.py`) trained on the normal rows of `data.AnomalyData`, calibrated on its held-out normal
+rows (each channel's usual error, and the threshold at `model.false_alarm_rate`), judges the rows from
+`data.train_end` on (docs/anomaly.md).
+
+Outputs: `anomalies.csv` (per judged row `series_id, time, score, threshold, alarm, event_id,
+top_channel_1..3`, and the label when the table has one), `events.csv` (per event `event_id, series_id,
+start, end, n_rows, peak_score, peak_time, top_channels`), the model folder (`anomaly.judging`); in
+MLflow, with labels, the alarms' figures against them (`test/event_recall`, `test/false_alarms_per_1000`,
+`test/auc_pr`, ...: labels are read for this only), the score over time with the threshold, events and
+labels and the channel-by-time heat map of contributions. `predict.py MODEL table.csv --output
+anomalies.csv` judges a new table (its events beside it, `anomalies_events.csv`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from tsformer import tracking
+from tsformer.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
+from tsformer.data.anomaly import AnomalyData, series_rows
+from tsformer.export import write_csv
+from tsformer.jobs.base import RunOutputs, job_of_module, predict_usage
+from tsformer.model_folder import ModelInfo
+from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
+
+ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
+
+
+def takes_data(datamodule) -> bool:
+    return isinstance(datamodule, AnomalyData)
+
+
+def task_sizes(datamodule) -> dict:
+    """The channels are the detector's targets; it takes no covariates."""
+    return {
+        "d_target": len(datamodule.channels),
+        "d_known": 0,
+        "d_observed": 0,
+        "target_names": datamodule.channels,
+    }
+
+
+def prepare_task(task, datamodule) -> None:
+    task.set_standardisation(datamodule.loc, datamodule.scale)  # the train rows', never per window
+
+
+def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
+    """The model folder, then the judged rows and events as the folder's model judges them; with labels,
+    the alarms' figures against them."""
+    output_dir = Path(cfg.paths.output_dir)
+    contract = AnomalyContract(datamodule.time_col, datamodule.label_col, dict(datamodule.csv))
+    info = ModelInfo(
+        family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
+    )
+    folder = AnomalyModel.of_task(task, contract, info).save(output_dir / "model")
+    model = AnomalyModel.load(folder)  # what predict.py and the pyfunc model judge with
+    rows, events, scores = model.judge(datamodule.tables["test"], "judged rows")
+    rows_path = write_csv(rows, output_dir / ROWS_FILE)
+    events_path = write_csv(events, output_dir / EVENTS_FILE)
+    metrics = {"test/n_alarms": float(rows["alarm"].sum()), "test/n_events": float(len(events))}
+    if "label" in rows.columns:
+        metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
+    example = example_table(datamodule)
+    return RunOutputs(
+        folder, rows_path, rows, example=example, example_forecasts=model.predict(example, source="example"),
+        optional_inputs=tuple(c for c in [datamodule.label_col] if c in example.columns), metrics=metrics,
+        details={"events": events, "events_path": events_path, "scores": scores},
+    )  # fmt: skip
+
+
+def example_table(datamodule, windows: int = 2) -> pd.DataFrame:
+    """The first rows of the first judged series (`windows` windows' worth), as a table predict.py takes."""
+    judged = datamodule.tables["test"]
+    first = next(iter(series_rows(judged).values()))
+    return judged.iloc[first[: windows * datamodule.window]].reset_index(drop=True)
+
+
+def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
+    """The alarms' metrics, the events table and the two figures."""
+    for name, value in outputs.metrics.items():
+        logger.experiment.log_metric(logger.run_id, name, value)
+    tracking.log_files(logger, [("forecasts", outputs.details["events_path"])])
+    beside_csv = Path(cfg.paths.output_dir)
+    for path, figure in figures(outputs.forecasts, outputs.details["scores"]).items():
+        tracking.log_figure(logger, figure, path, beside_csv)
+
+
+def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:
+    """Rows judged, alarms and events at the threshold; the alarms' figures against labels; the files."""
+    rows, events = outputs.forecasts, outputs.details["events"]
+    threshold, loss = metrics.get("test/threshold", float("nan")), metrics.get("test/loss", float("nan"))
+    judged = f"anomaly: {len(rows)} rows judged, {int(rows['alarm'].sum())} alarms, {len(events)} events"
+    lines = [
+        f"{judged} (threshold {threshold:.4g}, calibrated on the held-out normal rows)",
+        f"  training loss on the judged rows (test/loss): {loss:.4g}",
+    ]
+    shown = sorted(k for k in outputs.metrics if k not in ("test/n_alarms", "test/n_events"))
+    lines += [f"  {k.removeprefix('test/')}: {outputs.metrics[k]:.4g}" for k in shown]
+    lines += [
+        f"rows CSV: {outputs.csv_path.resolve()}",
+        f"events CSV: {outputs.details['events_path'].resolve()}",
+    ]
+    return lines
+
+
+def predict(model: AnomalyModel, table: pd.DataFrame, args) -> str:
+    """predict.py: `table` judged, its rows written to `args.output` and its events beside them
+    (`<output stem>_events.csv`); what was written, in one line."""
+    rows, events, _ = model.judge(table, str(args.data))
+    path = write_csv(rows, args.output).resolve()
+    events_path = write_csv(events, path.with_name(f"{path.stem}_events.csv"))
+    return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}"
+
+
+load = AnomalyModel.load  # the inference object predict.py uses
+
+JOB = job_of_module(
+    __name__,
+    name="anomaly",
+    tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
+    data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
+    usage=predict_usage("judge new data", "--output", ROWS_FILE),
+)
