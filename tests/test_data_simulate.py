@@ -99,6 +99,28 @@ def test_plant_regime_is_the_labelled_stream_data_plant_regime_trains_on(tmp_pat
     assert "predict.py <run id>" in out and "--output classes.csv" in out and "data.label_col=regime" in out
 
 
+def test_plant_anomaly_is_the_labelled_table_data_plant_anomaly_judges(tmp_path, capsys):
+    """The README's "Detect anomalies" new table: the channels and labels of the plant with faults."""
+    from tsformer.anomaly.plant import simulate_plant_anomaly
+
+    path = tmp_path / "new.csv"
+    assert (
+        fetch.cli(["simulate", "plant_anomaly", "--output", str(path), "--n-steps", "2500", "--seed", "1"])
+        == 0
+    )
+    expected = simulate_plant_anomaly(n_steps=2500, seed=1)
+    pd.testing.assert_frame_equal(pd.read_csv(path, parse_dates=["time"]), expected, check_dtype=False)
+    out = capsys.readouterr().out
+    assert f"predict.py <run id> {path.resolve()} --output anomalies.csv" in out
+    assert fetch.cli(["simulate", "plant_anomaly", "--output", str(path), "--future-steps", "5"]) == 2
+    assert capsys.readouterr().err.startswith("error: --future-steps: plant_anomaly is a labelled table")
+    path.unlink()  # a table too short for the faults: one line, nothing written
+    assert fetch.cli(["simulate", "plant_anomaly", "--output", str(path), "--n-steps", "2000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: plant_anomaly: n_steps=2000") and len(err.strip().splitlines()) == 1
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     "option, named",
     [(["--heating-drift", "0.2"], "--heating-drift"), (["--future-steps", "5"], "--future-steps")],

@@ -3,8 +3,8 @@ hashes, and write the simulated data sets as tables.
 
     tsformer-data fetch ett [--dest data/ETT-small] [--base-url URL] [--files ETTh1,ETTm1]
     python -m tsformer.data.fetch ett [same options]
-    tsformer-data simulate plant|wind|sensor|plant_regime --output plant.csv [--n-steps 6000 --seed 0 ...]
-        [--future-steps N]
+    tsformer-data simulate plant|wind|sensor|plant_regime|plant_anomaly --output plant.csv
+        [--n-steps 6000 --seed 0 ...] [--future-steps N]
 
 Each file is downloaded to a temporary name in the destination folder, hashed while it arrives, and
 renamed to its real name (atomically, `os.replace`) only when its sha256 is the expected one; a file
@@ -14,13 +14,15 @@ hash is not downloaded again. Only the standard library is used (urllib).
 `simulate` writes what `data=<name>` trains on (conf/data/<name>.yaml: its simulator settings are
 the defaults of the options), with the columns that config uses, as a CSV that `data=csv` reads;
 `--future-steps N` empties the targets of each series' last N rows, the layout `predict.py` reads.
-A labelled stream (`plant_regime`) is written with its label column, as `predict.py` classifies it.
+A labelled stream (`plant_regime`) is written with its label column, as `predict.py` classifies it;
+the plant with injected faults (`plant_anomaly`) with its channels and labels, as `predict.py` judges it.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import inspect
 import os
 import shlex
@@ -204,7 +206,8 @@ def main(argv=None) -> int:
 
 
 DATA_CONFIGS = config_dir() / "data"
-SIMULATOR_PREFIX = "tsformer.data.simulators."
+# the modules whose simulators `data=<name>` configs name (the plant with faults is anomaly detection's)
+SIMULATOR_MODULES = ("tsformer.data.simulators", "tsformer.anomaly.plant")
 
 
 def simulated_data_configs() -> dict[str, dict]:
@@ -215,13 +218,17 @@ def simulated_data_configs() -> dict[str, dict]:
     for path in sorted(DATA_CONFIGS.glob("*.yaml")):
         config = OmegaConf.to_container(OmegaConf.load(path))
         source = config.get("source")
-        if isinstance(source, dict) and str(source.get("_target_", "")).startswith(SIMULATOR_PREFIX):
+        if (
+            isinstance(source, dict)
+            and str(source.get("_target_", "")).rpartition(".")[0] in SIMULATOR_MODULES
+        ):
             configs[path.stem] = config
     return configs
 
 
 def _simulator(config: dict):
-    return getattr(simulators, config["source"]["_target_"][len(SIMULATOR_PREFIX) :])
+    module, _, name = config["source"]["_target_"].rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def simulator_settings(config: dict) -> dict:
@@ -238,7 +245,7 @@ def simulated_table(config: dict, settings: dict, future_steps: int = 0) -> tupl
     table = _simulator(config)(**settings)
     targets = list(config.get("target_cols") or [config["label_col"]])
     roles = ("known_cols", "observed_cols", "channel_cols")
-    used = {*targets, *(c for role in roles for c in config.get(role) or [])}
+    used = {*targets, *(c for role in roles for c in config.get(role) or []), config.get("label_col")}
     table = table[[c for c in table.columns if c in ("series_id", "time") or c in used]]
     if future_steps:
         future = table.groupby("series_id").cumcount(ascending=False) < future_steps
@@ -290,13 +297,14 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
     if unknown := sorted(set(given) - set(settings)):
         return _refuse(
             f"{', '.join(_option(k) for k in unknown)}: not a setting of {args.dataset}'s simulator "
-            f"({config['source']['_target_']}); its settings: {', '.join(_option(k) for k in settings)}"
+            f"({config['source']['_target_']}); its settings: {', '.join(_option(k) for k in settings if k in SIMULATOR_OPTIONS)}"
         )
     settings.update(given)
     labelled = not config.get("target_cols")  # a classification stream: a label per step, no forecast
-    if labelled and args.future_steps:
+    if config.get("label_col") and args.future_steps:
+        what = "classification" if labelled else "anomaly detection"
         return _refuse(
-            f"--future-steps: {args.dataset} is a labelled stream for classification (a label per step), "
+            f"--future-steps: {args.dataset} is a labelled table for {what} (a label per step), "
             f"not a forecast's data; leave --future-steps out"
         )
     if not 0 <= args.future_steps < settings["n_steps"]:
@@ -304,12 +312,15 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
             f"--future-steps {args.future_steps} must be at least 0 and below --n-steps "
             f"{settings['n_steps']} (the rows before them are the history)"
         )
-    table, targets = simulated_table(config, settings, args.future_steps)
+    try:
+        table, targets = simulated_table(config, settings, args.future_steps)
+    except ValueError as err:  # settings the simulator refuses (a table too short for its faults)
+        return _refuse(f"{args.dataset}: {err}")
     path = Path(args.output).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(path, index=False)
     print(
-        f"{path.resolve()}: {args.dataset}, {settings['n_series']} series x {settings['n_steps']} steps "
+        f"{path.resolve()}: {args.dataset}, {table['series_id'].nunique()} series x {settings['n_steps']} steps "
         f"of {settings['freq']} (seed {settings['seed']}), columns {', '.join(table.columns)}"
     )
     if labelled:
@@ -320,6 +331,11 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
             f"or train on it: {command_line('train', 'model=enc_only_classifier data=stream')} "
             f"data.source={shlex.quote(str(path))} data.series_col=series_id data.channel_cols=[{channels}] "
             f"data.label_col={targets[0]}"
+        )
+    elif config.get("label_col"):  # channels with labelled faults: anomaly detection's table
+        print(
+            f"judge it with a model trained on data={args.dataset}: "
+            f"{command_line('predict', '<run id>', shlex.quote(str(path.resolve())), '--output anomalies.csv')}"
         )
     elif args.future_steps:
         print(
