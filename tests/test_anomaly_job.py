@@ -77,6 +77,29 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
     np.testing.assert_allclose([row["score"] for row in json.loads(served)["predictions"]], expected)
 
 
+def test_run_measures_the_score_beside_baselines_fitted_on_its_train_rows(trained, capsys):
+    """With labels: TSB-AD's metrics per series of the detector and of each baseline fitted on the same
+    train rows (here Hotelling's T² recomputed by hand), and the table in the summary."""
+    from tsformer.anomaly.baselines import HotellingT2
+    from tsformer.anomaly.evaluation import evaluate
+    from tsformer.data.anomaly import split_normal_rows
+
+    result = trained[0]
+    names = ("hotelling_t2", "pca_residual", "isolation_forest", "random")
+    assert {f"test/{b}_vus_pr" for b in names} | {"test/vus_pr", "test/auc_roc"} <= set(result.metrics)
+    normal, judged = split_at(simulate_plant_anomaly(n_steps=1400, test_fraction=0.5), 0.5, "time")
+    train, _ = split_normal_rows(normal, 0.2)
+    score = HotellingT2().fit(train[CHANNELS].to_numpy()).score(judged[CHANNELS].to_numpy()).score
+    label, first = judged["label"].to_numpy(), judged[CHANNELS[0]].to_numpy()
+    by_series = []
+    for sid in judged["series_id"].unique():
+        rows = (judged["series_id"] == sid).to_numpy()
+        if label[rows].any() and not label[rows].all():
+            by_series.append(evaluate(score[rows], label[rows], first[rows])["vus_pr"])
+    assert result.metrics["test/n_series_evaluated"] == len(by_series) > 0
+    assert result.metrics["test/hotelling_t2_vus_pr"] == pytest.approx(np.mean(by_series), abs=1e-9)
+
+
 def predict(model, data, output, cwd):
     return subprocess.run(
         [sys.executable, str(REPO / "predict.py"), str(model), str(data), "--output", str(output)],

@@ -68,6 +68,7 @@ class _Standardised:
 
 class HotellingT2(_Standardised):
     name = "hotelling_t2"
+    description = "Hotelling's T² from the train rows' mean and covariance"
 
     def __init__(self, rcond: float = 1e-10):
         self.rcond = rcond  # singular values below rcond x the largest count as zero (pinv)
@@ -88,6 +89,7 @@ class HotellingT2(_Standardised):
 
 class PCAResidual(_Standardised):
     name = "pca_residual"
+    description = "PCA reconstruction error (components of 95 % of the train rows' variance)"
 
     def __init__(self, explained_variance: float = 0.95):
         self.explained_variance = explained_variance
@@ -104,6 +106,7 @@ class PCAResidual(_Standardised):
 
 class IsolationForestScore(_Standardised):
     name = "isolation_forest"
+    description = "scikit-learn's IsolationForest fitted on the train rows"
 
     def __init__(self, seed: int = 0, n_estimators: int = 100):
         self.seed = seed
@@ -118,6 +121,7 @@ class IsolationForestScore(_Standardised):
 
 class RandomScore:
     name = "random"
+    description = "uniform noise: the floor every score must clear"
 
     def __init__(self, seed: int = 0):
         self.seed = seed

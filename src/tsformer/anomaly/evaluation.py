@@ -119,3 +119,23 @@ def evaluate(score, label, x_first_channel, threshold: float | None = None) -> d
         out["threshold"] = float(threshold)
         out.update(alarm_metrics(score > threshold, label))
     return out
+
+
+def per_series(scores: dict[str, np.ndarray], label, first_channel, series) -> tuple[dict, int]:
+    """Threshold-free metrics of each method's score `scores[name]` (T,), computed per series (the
+    labels of `series` (T,) told apart) and averaged over the series whose rows hold both anomalous and
+    normal rows: ({name: {metric: mean}}, the number of series evaluated). A series with one kind of
+    row has no ranking to measure; TSB-AD's table likewise averages per-file figures."""
+    label, first_channel, series = np.asarray(label), np.asarray(first_channel), np.asarray(series)
+    out: dict[str, dict[str, list[float]]] = {name: {} for name in scores}
+    evaluated = 0
+    for sid in dict.fromkeys(series):  # in order of appearance
+        rows = series == sid
+        if label[rows].min() == label[rows].max():
+            continue
+        evaluated += 1
+        for name, score in scores.items():
+            figures = evaluate(np.asarray(score)[rows], label[rows], first_channel[rows])
+            for metric in ("vus_pr", "vus_roc", "auc_pr", "auc_roc"):
+                out[name].setdefault(metric, []).append(figures[metric])
+    return {name: {m: float(np.mean(v)) for m, v in ms.items()} for name, ms in out.items()}, evaluated

@@ -20,10 +20,12 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer import tracking
+from tsformer.anomaly.baselines import baselines
+from tsformer.anomaly.evaluation import per_series
 from tsformer.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
 from tsformer.data.anomaly import AnomalyData, series_rows
 from tsformer.export import write_csv
-from tsformer.jobs.base import RunOutputs, job_of_module, predict_usage
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 
@@ -62,14 +64,37 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     rows_path = write_csv(rows, output_dir / ROWS_FILE)
     events_path = write_csv(events, output_dir / EVENTS_FILE)
     metrics = {"test/n_alarms": float(rows["alarm"].sum()), "test/n_events": float(len(events))}
+    compared = []
     if "label" in rows.columns:
         metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
+        compared = baselines(int(cfg.seed))
+        metrics |= beside_baselines(datamodule, rows, compared)
     example = example_table(datamodule)
     return RunOutputs(
         folder, rows_path, rows, example=example, example_forecasts=model.predict(example, source="example"),
         optional_inputs=tuple(c for c in [datamodule.label_col] if c in example.columns), metrics=metrics,
-        details={"events": events, "events_path": events_path, "scores": scores},
+        details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
     )  # fmt: skip
+
+
+RANKING = ("vus_pr", "vus_roc", "auc_pr", "auc_roc")  # threshold-free: how well the score ranks the rows
+
+
+def beside_baselines(datamodule, rows: pd.DataFrame, compared: list) -> dict[str, float]:
+    """`test/<metric>` of the detector's score and `test/<baseline>_<metric>` of each baseline fitted on
+    the same train rows (`anomaly.baselines`), TSB-AD's metrics per series averaged over the series with
+    both kinds of rows (`test/n_series_evaluated`); it replaces `evaluate`'s pooled AUC-PR."""
+    judged, train, channels = datamodule.tables["test"], datamodule.tables["train"], datamodule.channels
+    scores = {"model": rows["score"].to_numpy()}
+    for baseline in compared:
+        fitted = baseline.fit(train[channels].to_numpy(dtype=float))
+        scores[baseline.name] = fitted.score(judged[channels].to_numpy(dtype=float)).score
+    figures, evaluated = per_series(scores, rows["label"], judged[channels[0]], rows["series_id"])
+    out = {"test/n_series_evaluated": float(evaluated)}
+    for name, by_metric in figures.items():
+        prefix = "test/" if name == "model" else f"test/{name}_"
+        out |= {prefix + metric: value for metric, value in by_metric.items()}
+    return out
 
 
 def example_table(datamodule, windows: int = 2) -> pd.DataFrame:
@@ -98,8 +123,14 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
         f"{judged} (threshold {threshold:.4g}, calibrated on the held-out normal rows)",
         f"  training loss on the judged rows (test/loss): {loss:.4g}",
     ]
-    shown = sorted(k for k in outputs.metrics if k not in ("test/n_alarms", "test/n_events"))
+    compared = outputs.details["baselines"]
+    ranking = {f"test/{m}" for m in RANKING} | {f"test/{b.name}_{m}" for b in compared for m in RANKING}
+    shown = sorted(k for k in outputs.metrics if k not in {"test/n_alarms", "test/n_events", *ranking})
     lines += [f"  {k.removeprefix('test/')}: {outputs.metrics[k]:.4g}" for k in shown]
+    if (
+        compared and outputs.metrics.get("test/n_series_evaluated", 0) > 0
+    ):  # the score's ranking of the judged rows beside the baselines' (labels only evaluate)
+        lines += metric_table(outputs.metrics, list(RANKING), compared, header="per series, mean")
     lines += [
         f"rows CSV: {outputs.csv_path.resolve()}",
         f"events CSV: {outputs.details['events_path'].resolve()}",
