@@ -18,12 +18,12 @@ training window without its label. Pre-training runs up to `--pretrain-steps` op
 same budget for small and large data sets; early-stopped on the validation masked MSE); its settings
 (`--pretrain-set`, `--pretrain-steps`) are chosen on the fine-tuned validation log loss, never on test.
 
-`--protocol recipe` (archive sets only): both arms as the classifier's default recipe runs (issue 35:
-`python train.py experiment=<set> seed=<s>`, every training series, the experiment's fixed budget of
-epochs, the last weights), and pre-training reads every training series for exactly `--pretrain-steps`
-optimizer steps, its last weights kept (`data.val_fraction=0 callbacks=last_weights`). No series is held
-out, so there is no validation figure: the rows give the test figures only (`--epochs`, `--patience`
-and `--pretrain-patience` are unused).
+`--protocol recipe` (archive sets only): the classifier as its default recipe runs in both arms (issue
+35: `python train.py experiment=<set> seed=<s>`, every training series, the experiment's fixed budget
+of epochs, the last weights; `--epochs` and `--patience` unused), pre-training as a user runs it
+(`python train.py experiment=<set> pretrain=masked seed=<s>`: its own validation series, early-stopped
+on their masked MSE), then `python train.py experiment=<set> seed=<s> init_from=<its model folder>`.
+The classifier validates no series: the rows give its test figures only.
 
 The table is printed and, with `--results`, written as a markdown file: measured rows only.
 """
@@ -45,8 +45,6 @@ SETS = {**EXPERIMENTS, "plant_regime": "plant_regime"}
 # issue 28's protocol in both arms: validation series held out of the train file, early stopping on them
 # (the archive experiments train on every series for a fixed budget otherwise)
 PROTOCOL = ["data.val_fraction=0.2", "callbacks=default"]
-# the default recipe's (`--protocol recipe`): every training series, a fixed budget, the last weights
-RECIPE = ["data.val_fraction=0", "callbacks=last_weights"]
 METRICS = ["accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece"]
 
 
@@ -82,12 +80,10 @@ def one_seed(dataset: str, seed: int, args) -> list[dict]:
             f"error: --protocol recipe is the archive sets' ({', '.join(EXPERIMENTS)}), not {dataset}"
         )
     protocol = PROTOCOL if dataset in EXPERIMENTS else []  # plant_regime keeps its own split in time
-    common = [f"experiment={SETS[dataset]}", f"seed={seed}", *(RECIPE if recipe else protocol)]
+    # the recipe: the experiment's own split (every series) and budget; pretrain=masked holds out its own
+    common = [f"experiment={SETS[dataset]}", f"seed={seed}", *([] if recipe else protocol)]
     common += [*EXTRA.get(dataset, []), *args.set]
-    # the recipe: the experiment's own fixed budget, and pre-training's steps to the last one
     epochs, patience = (None, None) if recipe else (args.epochs, args.patience)
-    pre_patience = None if recipe else args.pretrain_patience
-    pre_only = RECIPE if recipe else []  # after pretrain=masked, which holds out validation series itself
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         result, seconds = quiet_run(common, epochs, patience, Path(tmp) / "scratch")
@@ -96,12 +92,11 @@ def one_seed(dataset: str, seed: int, args) -> list[dict]:
             [
                 *common,
                 "pretrain=masked",
-                *pre_only,
                 f"trainer.max_steps={args.pretrain_steps}",
                 *args.pretrain_set,
             ],
             -1,
-            pre_patience,
+            args.pretrain_patience,
             Path(tmp) / "pretrain",
         )
         tuned, seconds = quiet_run(
@@ -120,7 +115,8 @@ def one_seed(dataset: str, seed: int, args) -> list[dict]:
 
 
 def mean_of(rs: list[dict], key: str) -> float | None:
-    """The mean of `key` over the rows; None where a row has none (no validation series: the recipe)."""
+    """The mean of `key` over the rows; None where a row has none (no validation series: the recipe's
+    classifier)."""
     values = [r[key] for r in rs]
     return None if None in values else statistics.fmean(values)
 
@@ -232,8 +228,8 @@ def main() -> None:
                 )
     command = (
         f"python benchmarks/pretraining.py --protocol {args.protocol} --datasets {args.datasets} --seeds {args.seeds} "
-        f"--epochs {args.epochs} --patience {args.patience} --pretrain-steps {args.pretrain_steps} "
-        f"--pretrain-patience {args.pretrain_patience}"
+        + ("" if args.protocol == "recipe" else f"--epochs {args.epochs} --patience {args.patience} ")
+        + f"--pretrain-steps {args.pretrain_steps} --pretrain-patience {args.pretrain_patience}"
         + (f" --set {' '.join(args.set)}" if args.set else "")
         + (f" --pretrain-set {' '.join(args.pretrain_set)}" if args.pretrain_set else "")
     )
