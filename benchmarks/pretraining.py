@@ -227,7 +227,8 @@ def main() -> None:
                     flush=True,
                 )
     command = (
-        f"python benchmarks/pretraining.py --protocol {args.protocol} --datasets {args.datasets} --seeds {args.seeds} "
+        f"python benchmarks/pretraining.py --protocol {args.protocol} --datasets {args.datasets} "
+        f"--seeds {args.seeds} "
         + ("" if args.protocol == "recipe" else f"--epochs {args.epochs} --patience {args.patience} ")
         + f"--pretrain-steps {args.pretrain_steps} --pretrain-patience {args.pretrain_patience}"
         + (f" --set {' '.join(args.set)}" if args.set else "")

@@ -90,8 +90,8 @@ def test_residual_attention_adds_the_bias_as_the_reference():
 
 def classifier(fused: bool, residual: bool = False, embedding: str = "conv", positional="relative_bias"):
     cfg = EncoderOnlyConfig(
-        d_in=2, head="classification", n_classes=3, pooling="mean", positional=positional, embedding=embedding,
-        conv_stride=2, fused_attention=fused, residual_attention=residual, **TINY,
+        d_in=2, head="classification", n_classes=3, pooling="mean", positional=positional,
+        embedding=embedding, conv_stride=2, fused_attention=fused, residual_attention=residual, **TINY,
     )  # fmt: skip
     return EncoderOnly(cfg).eval()
 

@@ -463,7 +463,8 @@ class ResidualSelfAttention(MultiHeadAttention):
         bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: `(B, T, d_model)`; prev_scores: the previous layer's `(B, H, T, T)` scores, None in the
-        first layer; bias: added to this layer's scores (a relative position bias). Returns `(out (B, T, d_model), scores (B, H, T, T))`, the scores for the next."""
+        first layer; bias: added to this layer's scores (a relative position bias). Returns `(out
+        (B, T, d_model), scores (B, H, T, T))`, the scores for the next."""
         q, k, v = self.split_heads(self.qkv_proj(x), 3)  # (B, H, T, Dh) each
         q, k = self.rotate(q, positions), self.rotate(k, positions)
         out, weights, scores = residual_attention(q, k, v, prev_scores, mask, self.dropout_p, bias)

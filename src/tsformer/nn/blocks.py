@@ -176,8 +176,8 @@ class TransformerStack(nn.Module):
         relative = cfg.positional == "relative_bias"
         if relative and (causal or cross_attention):
             raise ValueError(
-                "model.net.positional=relative_bias is for encoder-only models: a decoder's KV cache keeps no "
-                "positions of its keys; use rope, sinusoidal or learned"
+                "model.net.positional=relative_bias is for encoder-only models: a decoder's KV cache keeps "
+                "no positions of its keys; use rope, sinusoidal or learned"
             )
         self.relative_bias = RelativePositionBias(cfg.n_heads, cfg.max_len) if relative else None
         self.causal = causal
