@@ -1,9 +1,12 @@
 """The relative position bias (`model.net.positional=relative_bias`, eRPE-like): a learned number per
 offset and head on the attention scores; the fused path equals the reference, padding stays out."""
 
+import pandas as pd
 import pytest
 import torch
 
+from test_train_on_every_series import EVERY_SERIES, table_config
+from tsformer.classifier import Classifier
 from tsformer.models import (
     DecoderOnly,
     DecoderOnlyConfig,
@@ -15,6 +18,7 @@ from tsformer.models import (
 from tsformer.nn.attention import residual_attention, scaled_dot_product_attention
 from tsformer.nn.masks import causal_mask, lengths_to_valid, padding_mask
 from tsformer.nn.positional import RelativePositionBias
+from tsformer.train import run
 
 B, H, T, DH = 3, 2, 7, 4
 TINY = {"d_model": 16, "n_heads": H, "n_layers": 2}
@@ -149,3 +153,17 @@ def test_decoders_refuse_it():
         EncoderDecoder(
             EncoderDecoderConfig(d_enc_in=2, d_target=1, d_known=1, positional="relative_bias", **TINY)
         )
+
+
+@pytest.mark.slow
+def test_a_classifier_with_the_bias_trains_and_its_model_folder_predicts_as_the_run(tmp_path):
+    cfg = table_config(
+        tmp_path, *EVERY_SERIES, "model.net.positional=relative_bias", "model.net.embedding=conv",
+        "trainer.max_epochs=2",
+    )  # fmt: skip
+    result = run(cfg)
+    model = Classifier.load(result.model_folder)
+    assert model.task.net.encoder.relative_bias.table.abs().max() > 0  # learned, saved and loaded
+    frame = model.predict(pd.read_csv(tmp_path / "test.csv"))
+    accuracy = (frame.y_pred.astype(str) == frame.y_true.astype(str)).mean()
+    assert accuracy == pytest.approx(result.metrics["test/accuracy"])
