@@ -56,6 +56,8 @@ CANDIDATES = {
     "conv-ls": candidate(model__label_smoothing=0.1),
     "conv-rope-shift": candidate(model__net__positional="rope", model__augment__shift=0.2),
     "conv-shift-mixup": candidate(model__augment__shift=0.2, model__augment__mixup=0.2),
+    "conv-relbias": candidate(model__net__positional="relative_bias"),
+    "conv-relbias-shift": candidate(model__net__positional="relative_bias", model__augment__shift=0.2),
 }
 
 

@@ -5,7 +5,9 @@
 Two paths compute it, side by side in `scaled_dot_product_attention`:
 - the reference path spells the formula out and can return the attention weights (for plots);
 - the fused path calls `F.scaled_dot_product_attention` (faster, less memory) and is the default.
-Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.py`).
+Tests check that both agree. Masks are boolean, True = "may attend" (see `masks.py`). A float `bias`
+(`positional.RelativePositionBias`: one number per head, query and key) is added to the scores; the
+fused path takes it with the mask as one additive float mask (-inf where the mask forbids).
 
 A query whose keys are ALL masked (e.g. a padded query in a padded batch) would give softmax over
 all -inf = NaN. Here such a row attends nowhere and its output is defined as zero.
@@ -46,10 +48,12 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     fused: bool = True,
     return_weights: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of `q (B, H, Tq, Dh)` over `k, v (B, H, Tk, Dh)`.
 
     mask: bool, broadcastable to `(B, H, Tq, Tk)`, True = may attend.
+    bias: float, broadcastable to `(B, H, Tq, Tk)`, added to the scores (a relative position bias).
     causal: queries are the last `Tq` positions of the key sequence and see no later key.
     return_weights: use the reference path and also return the `(B, H, Tq, Tk)` weights.
     Returns `(out (B, H, Tq, Dh), weights or None)`.
@@ -57,7 +61,7 @@ def scaled_dot_product_attention(
     n_q, n_k = q.shape[-2], k.shape[-2]
     use_is_causal = False
     if causal and n_q > 1:  # a single newest query may see every key: no mask needed
-        if mask is None and n_q == n_k and fused and not return_weights:
+        if mask is None and bias is None and n_q == n_k and fused and not return_weights:
             use_is_causal = True  # lets SDPA pick its causal kernel
         else:
             mask = combine_masks(mask, causal_mask(n_q, n_k, device=q.device))
@@ -65,12 +69,29 @@ def scaled_dot_product_attention(
     mask, has_key = open_rows_with_no_key(mask)
     if fused and not return_weights:
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal
+            q,
+            k,
+            v,
+            attn_mask=additive_mask(mask, bias, q.dtype),
+            dropout_p=dropout_p,
+            is_causal=use_is_causal,
         )
         weights = None
     else:
-        out, weights, _ = reference_attention(q, k, v, mask, dropout_p)
+        out, weights, _ = reference_attention(q, k, v, mask, dropout_p, bias=bias)
     return zero_rows_with_no_key(out, weights, has_key)
+
+
+def additive_mask(
+    mask: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The fused kernel's `attn_mask`: the boolean mask as it is without a bias; with one, the bias where
+    the mask allows and -inf where it forbids, `(B, H, Tq, Tk)` (the reference path adds the bias, then
+    masks: the same scores)."""
+    if bias is None:
+        return mask
+    bias = bias.to(dtype)
+    return bias if mask is None else torch.where(mask, bias, float("-inf"))
 
 
 def reference_attention(
@@ -80,16 +101,20 @@ def reference_attention(
     mask: torch.Tensor | None,
     dropout_p: float,
     prev_scores: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The formula spelled out, on a mask whose rows each have a key (`open_rows_with_no_key`).
 
-    prev_scores: added to the scores before the softmax (residual attention). Returns `(out
+    prev_scores: added to the scores before the softmax (residual attention); bias: likewise (a
+    relative position bias, broadcastable to the scores). Returns `(out
     (B, H, Tq, Dh), weights (B, H, Tq, Tk), scores (B, H, Tq, Tk))`, masked keys' scores at -inf.
     """
     # scaled on q (Tq x Dh numbers), not on the scores (Tq x Tk): the same product, far less work
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
     if prev_scores is not None:
         scores = scores + prev_scores
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -124,6 +149,7 @@ def residual_attention(
     prev_scores: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention whose scores add the previous layer's: softmax(q k^T / sqrt(Dh) + prev_scores) v.
 
@@ -133,7 +159,7 @@ def residual_attention(
     are the next layer's `prev_scores`.
     """
     mask, has_key = open_rows_with_no_key(mask)
-    out, weights, scores = reference_attention(q, k, v, mask, dropout_p, prev_scores)
+    out, weights, scores = reference_attention(q, k, v, mask, dropout_p, prev_scores, bias)
     out, weights = zero_rows_with_no_key(out, weights, has_key)
     return out, weights, scores
 
@@ -258,11 +284,13 @@ class MultiHeadAttention(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None,
         causal: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Heads `q (B, H, Tq, Dh)` over `k, v (B, H, Tk, Dh)` -> `(B, H, Tq, Dh)`: the fused kernel,
-        or the reference path when the layer is built with `fused=False` or records its weights."""
+        or the reference path when the layer is built with `fused=False` or records its weights.
+        bias: added to the scores, broadcastable to `(B, H, Tq, Tk)` (a relative position bias)."""
         out, weights = scaled_dot_product_attention(
-            q, k, v, mask, causal, self.dropout_p, fused=self.fused, return_weights=self.record_weights
+            q, k, v, mask, causal, self.dropout_p, self.fused, self.record_weights, bias
         )
         self.keep(weights)
         return out
@@ -326,15 +354,19 @@ class SelfAttention(MultiHeadAttention):
         causal: bool = False,
         positions: torch.Tensor | None = None,
         cache: SelfAttentionCache | SharedPrefixCache | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: `(B, Tq, d_model)` -> `(B, Tq, d_model)`.
 
         mask: bool, broadcastable to `(B, H, Tq, Tk)`, True = may attend. causal: each token sees no
         later one. positions: `(Tq,)` absolute positions (RoPE). cache: the new tokens continue after
-        those cached, whose keys they all see (a single new token needs no causal mask).
+        those cached, whose keys they all see (a single new token needs no causal mask). bias: float,
+        broadcastable to `(B, H, Tq, Tk)`, added to the scores (an encoder's relative position bias).
         """
         q, k, v = self.split_heads(self.qkv_proj(x), 3)  # (B, H, Tq, Dh) each
         q, k = self.rotate(q, positions), self.rotate(k, positions)
+        if bias is not None and cache is not None:
+            raise ValueError("a relative position bias is for encoders: a KV cache keeps no key positions")
         if isinstance(cache, SharedPrefixCache):  # sampled paths continuing a shared history
             k_own, v_own = cache.append(k, v)  # the paths' own (B * S, H, T1, Dh)
             out = self.attend_shared(
@@ -343,7 +375,7 @@ class SelfAttention(MultiHeadAttention):
             return self.merge_heads(out)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, T_cached + Tq, Dh)
-        return self.merge_heads(self.attend(q, k, v, mask, causal))
+        return self.merge_heads(self.attend(q, k, v, mask, causal, bias))
 
 
 class CrossAttention(MultiHeadAttention):
@@ -428,12 +460,14 @@ class ResidualSelfAttention(MultiHeadAttention):
         prev_scores: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: `(B, T, d_model)`; prev_scores: the previous layer's `(B, H, T, T)` scores, None in the
-        first layer. Returns `(out (B, T, d_model), scores (B, H, T, T))`, the scores for the next."""
+        first layer; bias: added to this layer's scores (a relative position bias). Returns `(out
+        (B, T, d_model), scores (B, H, T, T))`, the scores for the next."""
         q, k, v = self.split_heads(self.qkv_proj(x), 3)  # (B, H, T, Dh) each
         q, k = self.rotate(q, positions), self.rotate(k, positions)
-        out, weights, scores = residual_attention(q, k, v, prev_scores, mask, self.dropout_p)
+        out, weights, scores = residual_attention(q, k, v, prev_scores, mask, self.dropout_p, bias)
         self.keep(weights)
         return self.merge_heads(out), scores
 

@@ -18,6 +18,11 @@ would enter the statistics).
 Residual attention (`residual_attention`, PatchTST's encoder): each block's self-attention scores
 add the previous block's before the softmax (`attention.ResidualSelfAttention`); every block returns
 `(x, scores)` and the stack carries the scores from block to block. Encoder stacks only.
+
+A relative position bias (`model.net.positional=relative_bias`, `positional.RelativePositionBias`): the
+stack holds one table, computes the `(H, T, T)` bias once per pass from the tokens' positions and every
+block's self-attention adds it to its scores. Encoder stacks only (a decoder's KV cache keeps no key
+positions).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from torch import nn
 from tsformer.nn.attention import CrossAttention, ResidualSelfAttention, SelfAttention
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.kv_cache import CrossAttentionCache, KVCache, SelfAttentionCache, SharedPrefixCache
-from tsformer.nn.positional import RotaryEmbedding
+from tsformer.nn.positional import RelativePositionBias, RotaryEmbedding
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 NORMS = ("pre", "post")
@@ -109,8 +114,10 @@ class TransformerBlock(nn.Module):
         self_cache: SelfAttentionCache | SharedPrefixCache | None = None,
         cross_cache: CrossAttentionCache | None = None,
         prev_scores: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention.
+        """x: `(B, T, d_model)`; memory: `(B, N, d_model)` encoder output for cross-attention; bias:
+        `(H, T, T)` added to the self-attention scores (the stack's relative position bias) or None.
 
         Returns `(x, scores)`: with residual attention, scores are this block's `(B, H, T, T)`
         self-attention scores, the next block's `prev_scores` (None in the first); else None.
@@ -120,10 +127,14 @@ class TransformerBlock(nn.Module):
         def self_attention(h: torch.Tensor) -> torch.Tensor:
             nonlocal scores
             if not self.residual_attention:
-                return self.self_attn(h, mask=mask, causal=causal, positions=positions, cache=self_cache)
+                return self.self_attn(
+                    h, mask=mask, causal=causal, positions=positions, cache=self_cache, bias=bias
+                )
             if causal or self_cache is not None:
                 raise ValueError("residual attention scores are for encoders: no causal mask, no KV cache")
-            out, scores = self.self_attn(h, prev_scores=prev_scores, mask=mask, positions=positions)
+            out, scores = self.self_attn(
+                h, prev_scores=prev_scores, mask=mask, positions=positions, bias=bias
+            )
             return out
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:
@@ -162,6 +173,13 @@ class TransformerStack(nn.Module):
                 "model.net.residual_attention=true is for encoders only: a decoder's KV cache keeps keys and "
                 "values, not the scores of earlier layers"
             )
+        relative = cfg.positional == "relative_bias"
+        if relative and (causal or cross_attention):
+            raise ValueError(
+                "model.net.positional=relative_bias is for encoder-only models: a decoder's KV cache keeps "
+                "no positions of its keys; use rope, sinusoidal or learned"
+            )
+        self.relative_bias = RelativePositionBias(cfg.n_heads, cfg.max_len) if relative else None
         self.causal = causal
         self.residual_attention = cfg.residual_attention
         self.batch_norm = cfg.norm_layer == "batch"
@@ -183,6 +201,10 @@ class TransformerStack(nn.Module):
                 "model.net.norm_layer=batch takes whole sequences: its statistics would include padded steps"
             )
         scores = None  # residual attention: the previous block's scores
+        bias = None  # the relative position bias (H, T, T), the same for every block
+        if self.relative_bias is not None:
+            at = positions if positions is not None else torch.arange(x.shape[1], device=x.device)  # (T,)
+            bias = self.relative_bias(at, at)
         for i, block in enumerate(self.blocks):
             self_cache, cross_cache = cache.layer(i) if cache is not None else (None, None)
             x, scores = block(
@@ -196,5 +218,6 @@ class TransformerStack(nn.Module):
                 self_cache=self_cache,
                 cross_cache=cross_cache,
                 prev_scores=scores,
+                bias=bias,
             )
         return self.final_norm(x)

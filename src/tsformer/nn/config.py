@@ -26,8 +26,8 @@ class TransformerConfig:
     norm_layer: str = (
         "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
     )
-    positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "none"
-    max_len: int = 1024  # positions a learned encoding knows; unused by the others
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" | "relative_bias" | "none"
+    max_len: int = 1024  # positions a learned encoding knows; relative_bias: offsets up to max_len - 1
     rope_base: float = 10000.0
     fused_attention: bool = True  # F.scaled_dot_product_attention; False = readable reference path
     # each layer's attention scores add the previous layer's (PatchTST's encoder); encoders only

@@ -8,6 +8,12 @@ Attention itself is blind to order (permuting the inputs permutes the outputs), 
 - `rope`: rotary embedding. Nothing is added to the input; inside every attention layer, Q and K
   are rotated by an angle proportional to their position, so the score q_m . k_n depends only on
   the offset m - n (relative position) and vector norms are unchanged.
+- `relative_bias`: a learned bias per offset and head added to the attention scores (eRPE, Foumani et
+  al. 2024, ConvTran; T5's bias without buckets): score(m, n) = q_m . k_n / sqrt(Dh) + b_h[m - n].
+  Nothing is added to the input; the score depends on the offset, never on where a shape starts.
+  Offsets are in steps (the positions RoPE rotates by); those beyond `max_len - 1` share the last
+  entry. The table starts at zero (the encoder starts as with `none`) and is shared by the layers of a
+  stack. Encoders only: a decoder's KV cache keeps no positions of its keys.
 - `none`: no order information (the encoder is then permutation-equivariant).
 
 All take absolute positions `(T,)`, so that a decoder working through a KV cache can pass the
@@ -21,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "none")
+POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "relative_bias", "none")
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -94,6 +100,24 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+class RelativePositionBias(nn.Module):
+    """`relative_bias`: one learned number per head and offset m - n in -(max_len - 1) .. max_len - 1,
+    added to the score of query m for key n (the module docstring)."""
+
+    def __init__(self, n_heads: int, max_len: int):
+        super().__init__()
+        if max_len < 1:
+            raise ValueError(f"model.net.max_len={max_len}: the relative bias needs at least one offset")
+        self.max_len = max_len
+        self.table = nn.Parameter(torch.zeros(n_heads, 2 * max_len - 1))  # (H, offsets)
+
+    def forward(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """Positions `(Tq,)` and `(Tk,)` -> the additive bias `(H, Tq, Tk)`."""
+        offsets = q_positions.unsqueeze(1) - k_positions.unsqueeze(0)  # (Tq, Tk)
+        limit = self.max_len - 1
+        return self.table[:, offsets.clamp(-limit, limit) + limit]  # (H, Tq, Tk)
+
+
 def build_positional(kind: str, d_model: int, head_dim: int, max_len: int, rope_base: float):
     """Returns `(additive encoding applied to the input, RotaryEmbedding or None)`."""
     if kind == "sinusoidal":
@@ -102,6 +126,6 @@ def build_positional(kind: str, d_model: int, head_dim: int, max_len: int, rope_
         return LearnedPositionalEncoding(d_model, max_len), None
     if kind == "rope":
         return NoPositionalEncoding(), RotaryEmbedding(head_dim, rope_base)
-    if kind == "none":
+    if kind in ("none", "relative_bias"):  # relative_bias: in the attention scores (`TransformerStack`)
         return NoPositionalEncoding(), None
     raise ValueError(f"unknown positional encoding {kind!r}; choose one of {POSITIONAL_KINDS}")
