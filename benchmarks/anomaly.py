@@ -176,6 +176,8 @@ def run_dataset(name: str, args) -> pd.DataFrame:
                     {"file": run.name, "method": method, "seed": seed} | measure(make, run, args, extra)
                 )
             print(f"{name} {run.name} seed {seed}: done", file=sys.stderr, flush=True)
+            if args.rows:  # as it goes, so that a run cut short keeps what it measured
+                pd.DataFrame(rows).to_csv(args.rows.with_name(f"{args.rows.name}-{name}.csv"), index=False)
     return pd.DataFrame(rows)
 
 
@@ -304,6 +306,9 @@ def main() -> None:
         "--files", type=int, default=0, help="only the first N files of each data set (0: all)"
     )
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "RESULTS_anomaly.md")
+    parser.add_argument(
+        "--rows", type=Path, help="also write every file x method x seed row to ROWS-<dataset>.csv (to merge runs)"
+    )
     args = parser.parse_args()
     args.settings = dict(args.setting)
     if not args.data.is_dir():
