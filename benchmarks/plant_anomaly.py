@@ -42,6 +42,15 @@ def far_from_faults(rows, reach: int) -> np.ndarray:
     return far
 
 
+def at_table_edges(rows, reach: int) -> np.ndarray:
+    """Rows within `reach` rows of their series' first or last row in the table: covered by fewer
+    windows than the rest, and at a window's end."""
+    edge = np.zeros(len(rows), dtype=bool)
+    for at in rows.groupby("series_id", sort=False).indices.values():
+        edge[at[:reach]] = edge[at[-reach:]] = True
+    return edge
+
+
 def alarm_rate(rows, where: np.ndarray) -> str:
     """`alarms/rows = rate (2-sd binomial upper end of the target on that many rows)` of the rows `where`."""
     n, alarms = int(where.sum()), int(rows.loc[where, "alarm"].sum())
@@ -77,11 +86,13 @@ def judged(scored: ScoredOnce, test, threshold: float, reach: int, name: str) ->
     metrics = evaluate(rows, events)
     normal = rows["label"].to_numpy() == 0
     far = normal & far_from_faults(rows, reach)
+    far_alarms = far & (rows["alarm"].to_numpy() == 1)
     print(
         f"  threshold ({name}) {threshold:.3g}: alarms on the normal rows {alarm_rate(rows, normal)}; on those "
-        f"more than a window ({reach} rows) from every fault {alarm_rate(rows, far)}; events {len(events)}, of "
-        f"them false {int(metrics['false_events'])}; alarmed far rows per series "
-        f"{rows[far & (rows['alarm'] == 1)].groupby('series_id').size().to_dict()}"
+        f"more than a window ({reach} rows) from every fault {alarm_rate(rows, far)}, of them "
+        f"{int((far_alarms & at_table_edges(rows, reach)).sum())} within a window of the table's first or last "
+        f"row; events {len(events)}, of them false {int(metrics['false_events'])}; alarmed far rows per series "
+        f"{rows[far_alarms].groupby('series_id').size().to_dict()}"
     )
     event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     found, right = 0, 0
