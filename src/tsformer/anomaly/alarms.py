@@ -41,9 +41,9 @@ def calibrate_threshold(
     `confidence` (None: the estimate itself): the upper `confidence` bound of that score instead, over
     a moving-block bootstrap of `val_scores` in their order (`n_boot` resamples of blocks of `block`
     consecutive rows): normal rows like the validation rows then exceed it at the target rate or less
-    with that confidence. Neighbouring scores share windows, so a few thousand validation rows hold far
-    fewer independent ones than rows and the estimate alone exceeds its target about half the time;
-    `block` is the reach of that dependence (a detector's window)."""
+    with that confidence. The estimate alone often lies below the true threshold (more alarms than the
+    target), and neighbouring scores share windows, so a few thousand validation rows hold far fewer
+    independent ones than rows; `block` is the reach of that dependence (a detector's window)."""
     if not 0.0 < false_alarm_rate < 1.0:
         raise SettingError(f"anomaly.false_alarm_rate={false_alarm_rate}: a probability between 0 and 1")
     scores = np.asarray(val_scores, dtype=float)
