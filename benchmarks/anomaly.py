@@ -31,6 +31,9 @@ the sliding window from the scored rows' first channel).
   validation score".)
 - Seeds (`--seeds`, default 0 1 2) reseed IsolationForest and the random score (seed x 10,000 + the
   file's index) and the detector (the seed itself); T² and PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
+- `--rows ROWS` keeps every file x method x seed row in `ROWS-<dataset>.csv`; `--merge ROWS` tabulates
+  an earlier run's rows (the same settings, other seeds) with this run's, so seeds measured in
+  separate runs make one table (`--seeds` with no seed only tabulates).
 - Times: fit and score seconds (the whole table, every row) summed over files, mean over seeds, and as
   a ratio to IsolationForest's in the same run.
 
@@ -173,10 +176,39 @@ def run_dataset(name: str, args) -> pd.DataFrame:
                 if i > 0 and method in ("hotelling_t2", "pca_residual"):
                     continue  # no randomness: the first seed's figures stand for every seed
                 rows.append(
-                    {"file": run.name, "method": method, "seed": seed} | measure(make, run, args, extra)
+                    {"file": run.name, "method": method, "seed": seed, "config": config(args)}
+                    | measure(make, run, args, extra)
                 )
             print(f"{name} {run.name} seed {seed}: done", file=sys.stderr, flush=True)
+            if args.rows:  # as it goes, so that a run cut short keeps what it measured
+                pd.DataFrame(rows).to_csv(args.rows.with_name(f"{args.rows.name}-{name}.csv"), index=False)
     return pd.DataFrame(rows)
+
+
+def config(args) -> str:
+    """What must agree between runs whose rows are tabulated together (`--merge`)."""
+    return (
+        f"method={args.method} settings={args.settings} false_alarm_rate={args.false_alarm_rate} "
+        f"val_fraction={args.val_fraction} skab_anomaly_free={args.skab_anomaly_free}"
+    )
+
+
+def merged(name: str, rows: pd.DataFrame, args) -> pd.DataFrame:
+    """This run's rows with those of the `--merge` runs on data set `name`; a (file, method, seed) row
+    measured twice is kept once (the first: deterministic baselines are measured in every run)."""
+    parts = [rows]
+    for prefix in args.merge:
+        path = prefix.with_name(f"{prefix.name}-{name}.csv")
+        if not path.is_file():
+            sys.exit(f"error: --merge {prefix}: no rows of {name} at {path}")
+        earlier = pd.read_csv(path)
+        if set(earlier["config"]) != {config(args)}:
+            sys.exit(
+                f"error: --merge {path}: measured with {sorted(set(earlier['config']))}, not {config(args)}"
+            )
+        parts.append(earlier)
+    out = pd.concat([p for p in parts if len(p)], ignore_index=True)
+    return out.drop_duplicates(["file", "method", "seed"]).reset_index(drop=True)
 
 
 def mean_sd(values: pd.Series, digits: int = 3) -> str:
@@ -247,7 +279,7 @@ def report(name: str, rows: pd.DataFrame, args, stamp: str) -> str:
         f"### {name}, method {args.method}",
         "",
         f"Measured {stamp} on {machine()}: `{command}`. {rows['file'].nunique()} files, seeds "
-        f"{' '.join(map(str, args.seeds))}, threshold at false-alarm rate {args.false_alarm_rate} on the last "
+        f"{' '.join(map(str, sorted(rows['seed'].unique())))}, threshold at false-alarm rate {args.false_alarm_rate} on the last "
         f"{args.val_fraction:.0%} of the train rows"
         + ("; SKAB's anomaly-free run added to every run's train rows" if args.skab_anomaly_free else "")
         + (f"; detector settings {args.settings}" if args.method != "none" else "")
@@ -291,7 +323,9 @@ def main() -> None:
         "--datasets", nargs="+", choices=list(datasets.DATASETS), default=list(datasets.DATASETS)
     )
     parser.add_argument("--method", choices=["masked", "forecast", "none"], default="none")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds", nargs="*", type=int, default=[0, 1, 2], help="none: only tabulate the --merge rows"
+    )
     parser.add_argument(
         "--setting", type=setting, action="append", default=[], help="KEY=VALUE for fit_detector"
     )
@@ -304,10 +338,24 @@ def main() -> None:
         "--files", type=int, default=0, help="only the first N files of each data set (0: all)"
     )
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "RESULTS_anomaly.md")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        help="also write every file x method x seed row to ROWS-<dataset>.csv (to merge runs)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="ROWS of earlier runs (their --rows) tabulated with this run's: same settings, other seeds",
+    )
     args = parser.parse_args()
     args.settings = dict(args.setting)
     if not args.data.is_dir():
         parser.exit(2, f"error: --data {args.data}: no such folder (see ../shared/data/anomaly/SOURCE.md)\n")
+    if not args.seeds and not args.merge:
+        parser.exit(2, "error: --seeds with no seed runs nothing: give seeds or --merge earlier rows\n")
     if not 0 < args.false_alarm_rate < 1 or not 0 < args.val_fraction < 1:
         parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
     if args.method != "none":
@@ -317,7 +365,7 @@ def main() -> None:
             parser.exit(2, f"error: --method {args.method} needs tsformer.anomaly.detector ({e})\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in args.datasets:
-        text = report(name, run_dataset(name, args), args, stamp)
+        text = report(name, merged(name, run_dataset(name, args), args), args, stamp)
         print(text + "\n", flush=True)
         write_results(args.results, text, f"{name}-{args.method}", TITLE)
     print(f"results: {args.results}")

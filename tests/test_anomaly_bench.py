@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from conftest import REPO
 from tsformer.anomaly.baselines import HotellingT2
@@ -70,3 +71,25 @@ def test_the_detector_trains_on_train_rows_only_and_is_scored_beside_the_baselin
     assert text.endswith("<!-- /table skab-forecast -->\nnotes after\n") and "\nold\n" not in text
     for method in ("ours (forecast)", "hotelling_t2", "pca_residual", "isolation_forest", "random"):
         assert f"| {method} | " in text
+
+
+def test_rows_of_two_runs_merge_into_one_table_of_both_seeds(tmp_path, monkeypatch):
+    skab_folder(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    anomaly = importlib.import_module("anomaly")
+    results, rows = tmp_path / "RESULTS.md", tmp_path / "rows"
+    argv = ["anomaly.py", "--data", str(tmp_path), "--datasets", "skab", "--files", "1", "--method", "none"]
+    for seeds in (["--seeds", "7", "--rows", str(rows)], ["--seeds", "8", "--merge", str(rows)]):
+        monkeypatch.setattr(sys, "argv", [*argv, *seeds, "--results", str(results)])
+        anomaly.main()
+    text = results.read_text()
+    assert "seeds 7 8," in text and "| random | " in text
+    random_row = next(line for line in text.splitlines() if line.startswith("| random | "))
+    assert " ± " in random_row  # the sd over the two runs' seeds
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [*argv, "--seeds", "--merge", str(rows), "--false-alarm-rate", "0.05", "--results", str(results)],
+    )
+    with pytest.raises(SystemExit, match="false_alarm_rate=0.01"):  # another configuration is refused
+        anomaly.main()

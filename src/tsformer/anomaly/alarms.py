@@ -5,7 +5,9 @@ the table being judged: it is the score that normal rows exceed at the target fa
 (`anomaly.false_alarm_rate`). Rates too small for the validation rows to show directly (0.001 of
 2,000 rows is 2 rows) come from the tail of those scores: the peaks over their 95th percentile follow
 a generalised Pareto distribution (Pickands-Balkema-de Haan; SPOT, Siffer et al., KDD 2017), whose
-quantile gives the threshold.
+quantile gives the threshold. Optionally (`confidence`) the threshold is the upper confidence bound
+of that quantile under a moving-block bootstrap of the validation scores, which are dependent
+(neighbouring rows share windows).
 
 A row is an alarm when its score is above the threshold. Alarms become events per series: a row is
 active when at least `k` of the last `n` rows (itself included) are alarms (k = n = 1: every alarm),
@@ -26,14 +28,48 @@ from tsformer.settings import SettingError
 TAIL_FRACTION = 0.05  # the peaks over this upper share of the validation scores fit the Pareto tail
 
 
-def calibrate_threshold(val_scores: np.ndarray, false_alarm_rate: float) -> float:
-    """The score that normal rows exceed with probability `false_alarm_rate`, from `val_scores`."""
+def calibrate_threshold(
+    val_scores: np.ndarray,
+    false_alarm_rate: float,
+    confidence: float | None = None,
+    block: int = 1,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> float:
+    """The score that normal rows exceed with probability `false_alarm_rate`, from `val_scores`.
+
+    `confidence` (None: the estimate itself): the upper `confidence` bound of that score instead, over
+    a moving-block bootstrap of `val_scores` in their order (`n_boot` resamples of blocks of `block`
+    consecutive rows): normal rows like the validation rows then exceed it at the target rate or less
+    with that confidence. The estimate alone often lies below the true threshold (more alarms than the
+    target), and neighbouring scores share windows, so a few thousand validation rows hold far fewer
+    independent ones than rows; `block` is the reach of that dependence (a detector's window)."""
     if not 0.0 < false_alarm_rate < 1.0:
         raise SettingError(f"anomaly.false_alarm_rate={false_alarm_rate}: a probability between 0 and 1")
-    scores = np.sort(np.asarray(val_scores, dtype=float))
+    scores = np.asarray(val_scores, dtype=float)
     n = len(scores)
     if n == 0:
         raise ValueError("no validation scores to calibrate the threshold on")
+    if confidence is None:
+        return tail_quantile(scores, false_alarm_rate)
+    if not 0.0 < confidence < 1.0:
+        raise SettingError(f"threshold confidence={confidence}: a probability between 0 and 1")
+    if not 1 <= block <= n or n_boot < 1:
+        raise SettingError(
+            f"threshold bootstrap: block={block} must lie in 1..{n} (the validation rows) and n_boot={n_boot} >= 1"
+        )
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, n - block + 1, size=(n_boot, -(-n // block)))  # (n_boot, blocks)
+    rows = (starts[:, :, None] + np.arange(block)).reshape(n_boot, -1)[:, :n]  # (n_boot, n)
+    estimates = [tail_quantile(scores[r], false_alarm_rate) for r in rows]
+    return float(np.quantile(estimates, confidence))
+
+
+def tail_quantile(scores: np.ndarray, false_alarm_rate: float) -> float:
+    """The (1 - `false_alarm_rate`) quantile of `scores`: read off the data when they show it, else
+    from the generalised Pareto tail of the peaks over their (1 - TAIL_FRACTION) quantile."""
+    scores = np.sort(scores)
+    n = len(scores)
     if false_alarm_rate >= TAIL_FRACTION or n * false_alarm_rate >= 20:  # the data show it directly
         return float(np.quantile(scores, 1.0 - false_alarm_rate))
     u = float(np.quantile(scores, 1.0 - TAIL_FRACTION))
