@@ -25,7 +25,7 @@ import numpy as np
 
 from tsformer.anomaly import EventRule, calibrate_threshold, fit_detector
 from tsformer.anomaly.detector import DetectorSettings
-from tsformer.anomaly.job import AnomalyModel, evaluate, labelled_incidents
+from tsformer.anomaly.judging import AnomalyModel, evaluate, labelled_incidents
 from tsformer.anomaly.plant import CHANNELS, FAULTS, normal_split, simulate_plant_anomaly
 
 RATE = 0.001
