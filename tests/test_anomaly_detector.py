@@ -121,6 +121,19 @@ def test_calibrated_threshold_gives_the_target_rate_on_fresh_normal_rows():
     assert abs(alarms - n * rate) <= spread, (alarms, n * rate, spread)
 
 
+@pytest.mark.slow
+def test_threshold_confidence_sets_the_upper_bound_of_the_threshold_over_blocks_of_a_window(plant):
+    """`model.threshold_confidence`: the detector's threshold is alarms.py's upper bound of the estimate,
+    with blocks of one window, above the estimate itself."""
+    train, val = plant.iloc[:800], plant.iloc[800:]
+    detector = fit_detector(train, val, CHANNELS, method="masked", seed=0, **TINY)
+    estimate = float(detector.threshold)
+    detector.hparams.threshold_confidence = 0.9
+    detector.calibrate(val)
+    bound = calibrate_threshold(detector.val_scores, 0.001, confidence=0.9, block=detector.window)
+    assert float(detector.threshold) == pytest.approx(bound) and bound > estimate
+
+
 def test_labels_and_settings_refused():
     with pytest.raises(ValueError, match="anomaly.method='nope'"):
         fit_detector(pd.DataFrame({"a": [1.0] * 40}), None, ["a"], method="nope")
@@ -135,6 +148,7 @@ def test_labels_and_settings_refused():
         ({"events": {"k": 3}}, "events: k=3 of n=1 needs 1 <= k <= n"),
         ({"events": {"colour": 1}}, "events: "),
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
+        ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
     ],
 )

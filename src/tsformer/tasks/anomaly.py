@@ -78,7 +78,9 @@ class AnomalyScoring:
 
     n_kinds = 1
 
-    def init_scoring(self, false_alarm_rate: float, events: dict | None, monitor: str) -> None:
+    def init_scoring(
+        self, false_alarm_rate: float, events: dict | None, monitor: str, threshold_confidence: float | None
+    ) -> None:
         from tsformer.anomaly.alarms import EventRule  # the anomaly package imports these tasks
 
         if monitor != "val/loss":
@@ -87,6 +89,8 @@ class AnomalyScoring:
             )
         if not 0.0 < float(false_alarm_rate) < 1.0:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
+        if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
+            raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
         try:  # a bad rule refused now, before any training
             EventRule(**{**EVENT_RULE, **(events or {})})
         except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
@@ -159,7 +163,12 @@ class AnomalyScoring:
         scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=1), MIN_SPREAD)  # (K, C)
         self.error_scale.copy_(torch.as_tensor(scale))
         self.val_scores = self.scores_of(raw).score
-        self.threshold.fill_(calibrate_threshold(self.val_scores, float(self.hparams.false_alarm_rate)))
+        # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
+        # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
+        confidence = self.hparams.get("threshold_confidence")
+        rate = float(self.hparams.false_alarm_rate)
+        threshold = calibrate_threshold(self.val_scores, rate, confidence=confidence, block=self.window)
+        self.threshold.fill_(threshold)
         return self.val_scores
 
     # -- Lightning hooks of the test --------------------------------------------------------------
@@ -191,6 +200,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         run_length: int = 4,
         stride: int = 8,
         false_alarm_rate: float = 0.001,
+        threshold_confidence: float | None = None,
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -200,7 +210,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
             if int(value) < 1:
                 raise ValueError(f"{name}={value}: at least 1")
         self.n_kinds = 2 if channel_out else 1
-        self.init_scoring(false_alarm_rate, events, monitor)
+        self.init_scoring(false_alarm_rate, events, monitor, threshold_confidence)
 
     def hidden_mask(
         self, shape: tuple[int, int, int], generator: torch.Generator | None = None
@@ -294,6 +304,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         self,
         *args,
         false_alarm_rate: float = 0.001,
+        threshold_confidence: float | None = None,
         events: dict | None = None,
         monitor: str = "val/loss",
         head: dict | None = None,
@@ -310,7 +321,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
             raise ValueError(
                 f"horizon={self.hparams.horizon}: the forecast detector predicts one step ahead (1)"
             )
-        self.init_scoring(false_alarm_rate, events, monitor)
+        self.init_scoring(false_alarm_rate, events, monitor, threshold_confidence)
 
     def split_loss(self, batch: dict, split: str) -> torch.Tensor:
         return self.loss(batch)
