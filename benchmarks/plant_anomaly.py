@@ -64,9 +64,9 @@ class ScoredOnce:
     def __init__(self, detector):
         self.detector, self.cache = detector, {}
 
-    def score(self, table):
+    def score(self, table, source: str = "table"):
         if id(table) not in self.cache:
-            self.cache[id(table)] = self.detector.score(table)
+            self.cache[id(table)] = self.detector.score(table, source)
         return self.cache[id(table)]
 
 
@@ -118,7 +118,7 @@ def one_seed(seed: int, method: str, settings: dict, confidence: float | None, d
     start = time.perf_counter()
     detector = fit_detector(train, val, CHANNELS, method=method, seed=seed, **settings)
     fit_s = time.perf_counter() - start
-    reach = detector.settings.context_len
+    reach = detector.window
     scored = ScoredOnce(detector)
     scores = scored.score(test)
     # does the validation rows' calibration hold on the normal test rows at a rate that they show well?
@@ -138,7 +138,7 @@ def one_seed(seed: int, method: str, settings: dict, confidence: float | None, d
             dump / f"plant_{method}_seed{seed}.npz", val_raw=detector.raw_errors(val),
             val_series=val["series_id"].astype(str).to_numpy(), test_raw=detector.raw_errors(test),
             test_series=test["series_id"].astype(str).to_numpy(), label=test["label"].to_numpy(),
-            error_scale=detector.error_scale, val_scores=detector.val_scores, test_score=scores.score,
+            error_scale=detector.error_scale.cpu().numpy(), val_scores=detector.val_scores, test_score=scores.score,
             context_len=reach,
         )  # fmt: skip
     return out
