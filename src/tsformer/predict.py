@@ -48,6 +48,14 @@ def find_model_folder(folder: Path) -> Path:
     )
 
 
+def load_job_and_model(reference: str, tracking_uri: str | None):
+    """(job, inference object) of a run id, model URI or folder; a downloaded copy is removed once loaded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = resolve_model(reference, tracking_uri, Path(tmp))
+        job = job_of_folder(folder)
+        return job, job.load(folder)
+
+
 def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -> Path:
     """The local model folder of a run id, model URI or folder (downloaded from MLflow if needed)."""
     path = Path(reference).expanduser()
@@ -121,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            job = job_of_folder(folder)
-            model = job.load(folder)  # the inference object the job predicts with
+        job, model = load_job_and_model(args.model, args.tracking_uri)  # model: what the job predicts with
         _check_flags(job, args)
         flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
         table = load_table(args.data, **{**model.contract.csv, **flags})

@@ -26,9 +26,7 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from functools import partial
-from pathlib import Path
 
 import pandas as pd
 from fastapi import FastAPI, Request  # at module level: FastAPI reads the handlers' annotations here
@@ -148,14 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tsformer.jobs import job_of_folder
-    from tsformer.predict import resolve_model
+    from tsformer.predict import load_job_and_model
 
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = resolve_model(args.model, args.tracking_uri, Path(tmp))
-            job = job_of_folder(folder)
-            model = job.load(folder)
+        job, model = load_job_and_model(args.model, args.tracking_uri)
     except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
