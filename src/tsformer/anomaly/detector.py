@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows
 from tsformer.settings import SettingError
-from tsformer.tasks.anomaly import DETECTORS, AnomalyScoring, Scores, window_starts
+from tsformer.tasks.anomaly import DETECTORS, AnomalyScoring, Scores, covering_window_starts
 
 METHODS = tuple(DETECTORS)
 AnomalyDetector = AnomalyScoring  # what `fit_detector` returns: a trained detector task
@@ -140,8 +140,8 @@ __all__ = [
     "DetectorSettings",
     "Scores",
     "check_table",
+    "covering_window_starts",
     "fit_detector",
     "series_rows",
     "split_normal_rows",
-    "window_starts",
 ]

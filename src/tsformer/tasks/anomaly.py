@@ -64,7 +64,7 @@ class Scores:
         return [list(names[row]) for row in order]
 
 
-def window_starts(n_rows: int, length: int, stride: int) -> np.ndarray:
+def covering_window_starts(n_rows: int, length: int, stride: int) -> np.ndarray:
     """Starts of windows every `stride` steps, the last one ending at the last row (every row covered)."""
     starts = np.arange(0, n_rows - length + 1, stride)
     if starts[-1] != n_rows - length:
@@ -270,7 +270,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         hp = self.hparams
         T, C = values.shape
         N = hp.context_len
-        starts = window_starts(T, N, hp.stride)
+        starts = covering_window_starts(T, N, hp.stride)
         windows = torch.from_numpy(np.stack([values[a : a + N] for a in starts])).to(self.device)  # (W, N, C)
         masks = self.scoring_masks()
         kinds = [masks[: hp.n_masks], masks[hp.n_masks :]] if hp.channel_out else [masks]
