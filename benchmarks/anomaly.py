@@ -15,11 +15,11 @@ Data (`--data`, default ../shared/data/anomaly beside the repository; read in pl
   part), every row scored: a quick check.
 
 Every method sees the same train rows; labels are used only by the evaluation
-(`tsformer.anomaly.evaluation`: TSB-AD's VUS-PR, VUS-ROC, AUC-PR, AUC-ROC on the scored rows, with
+(`tsformer.jobs.anomaly.evaluation`: TSB-AD's VUS-PR, VUS-ROC, AUC-PR, AUC-ROC on the scored rows, with
 the sliding window from the scored rows' first channel).
-- Baselines (`tsformer.anomaly.baselines`): Hotelling T², PCA residual, IsolationForest and a uniform
+- Baselines (`tsformer.jobs.anomaly.baselines`): Hotelling T², PCA residual, IsolationForest and a uniform
   random score, each fitted on all the train rows for the threshold-free metrics.
-- Our detector (`--method masked|forecast`): `tsformer.anomaly.detector.fit_detector(train, val,
+- Our detector (`--method masked|forecast`): `tsformer.jobs.anomaly.detector.fit_detector(train, val,
   channels, method=..., seed=..., **settings)` with `train` the first 80 % of the train rows and `val`
   their last 20 % (`--val-fraction`): validation never comes from scored rows. Settings come from
   `--setting KEY=VALUE` and are fixed in advance for a whole data set, never chosen on its labels.
@@ -56,9 +56,10 @@ from imputation import machine, write_results
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from tsformer.anomaly import datasets
-from tsformer.anomaly.baselines import baselines
-from tsformer.anomaly.evaluation import alarm_metrics, evaluate
+import anomaly_datasets as datasets
+
+from tsformer.jobs.anomaly.baselines import baselines
+from tsformer.jobs.anomaly.evaluation import alarm_metrics, evaluate
 
 DEFAULT_DATA = REPO / ".." / "shared" / "data" / "anomaly"
 REFERENCE = "isolation_forest"  # times are given as ratios to this one's
@@ -101,10 +102,10 @@ class Baseline:
 
 
 class Detector:
-    """Our detector (`tsformer.anomaly.detector`), `method` masked or forecast."""
+    """Our detector (`tsformer.jobs.anomaly.detector`), `method` masked or forecast."""
 
     def __init__(self, method: str, seed: int, settings: dict):
-        from tsformer.anomaly.detector import fit_detector
+        from tsformer.jobs.anomaly.detector import fit_detector
 
         self.fit_detector, self.method, self.seed, self.settings = fit_detector, method, seed, settings
         self.name = f"ours ({method})"
@@ -360,9 +361,9 @@ def main() -> None:
         parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
     if args.method != "none":
         try:
-            import tsformer.anomaly.detector  # noqa: F401
+            import tsformer.jobs.anomaly.detector  # noqa: F401
         except ImportError as e:
-            parser.exit(2, f"error: --method {args.method} needs tsformer.anomaly.detector ({e})\n")
+            parser.exit(2, f"error: --method {args.method} needs tsformer.jobs.anomaly.detector ({e})\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in args.datasets:
         text = report(name, merged(name, run_dataset(name, args), args), args, stamp)

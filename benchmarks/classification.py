@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from tsformer.classifier import Classifier
 from tsformer.data.sequences import archive_file
+from tsformer.jobs.classification.classifier import Classifier
 from tsformer.train import compose_config, run
 
 HERE = Path(__file__).resolve().parent

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 from classification import EXPERIMENTS
 
-from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, archive_file
+from tsformer.jobs.classification.classifier import Classifier
 from tsformer.train import compose_config, run
 
 # what every candidate shares, unless it says otherwise (the archive experiments' own augmentation reset)

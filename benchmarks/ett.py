@@ -229,7 +229,7 @@ def persistence_ours(dm) -> tuple[float, float, int]:
 def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from tsformer.jobs.forecasting import WINDOW_MSE
+    from tsformer.jobs.forecasting.job import WINDOW_MSE
     from tsformer.train import compose_config, run
 
     overrides = [

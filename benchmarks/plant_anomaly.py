@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tsformer.anomaly import EventRule, calibrate_threshold, fit_detector
-from tsformer.anomaly.detector import DetectorSettings
-from tsformer.anomaly.judging import AnomalyModel, evaluate, labelled_incidents
-from tsformer.anomaly.plant import CHANNELS, FAULTS, normal_split, simulate_plant_anomaly
+from tsformer.data.plant_anomaly import CHANNELS, FAULTS, normal_split, simulate_plant_anomaly
+from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold
+from tsformer.jobs.anomaly.detector import DetectorSettings, fit_detector
+from tsformer.jobs.anomaly.judging import AnomalyModel, evaluate, labelled_incidents
 
 RATE = 0.001
 

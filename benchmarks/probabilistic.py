@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.tasks.probabilistic import lag1_autocorrelation_of_changes
 from tsformer.train import compose_config, run
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# the benchmark scripts' own modules (e.g. anomaly_datasets: the labelled sets' loaders) import as
+# top-level names, as when a script runs; appended, so that they shadow no installed package
+sys.path.append(str(REPO / "benchmarks"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one worker per core: each worker, and the train.py processes it starts,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tsformer.anomaly.baselines import HotellingT2, IsolationForestScore, PCAResidual, RandomScore, baselines
+from tsformer.jobs.anomaly.baselines import (
+    HotellingT2,
+    IsolationForestScore,
+    PCAResidual,
+    RandomScore,
+    baselines,
+)
 
 
 def correlated_rows(n: int, seed: int = 0) -> np.ndarray:

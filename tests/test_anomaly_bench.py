@@ -12,10 +12,10 @@ import types
 import numpy as np
 import pandas as pd
 import pytest
+from anomaly_datasets import SKAB_CHANNELS, SKAB_FOLDERS, SKAB_TRAIN_ROWS
 
 from conftest import REPO
-from tsformer.anomaly.baselines import HotellingT2
-from tsformer.anomaly.datasets import SKAB_CHANNELS, SKAB_FOLDERS, SKAB_TRAIN_ROWS
+from tsformer.jobs.anomaly.baselines import HotellingT2
 
 
 def skab_folder(root, rows: int = 520) -> None:
@@ -45,9 +45,9 @@ def test_the_detector_trains_on_train_rows_only_and_is_scored_beside_the_baselin
         model = HotellingT2().fit(train[channels].to_numpy())
         return types.SimpleNamespace(score=lambda table: model.score(table[channels].to_numpy()))
 
-    detector = types.ModuleType("tsformer.anomaly.detector")
+    detector = types.ModuleType("tsformer.jobs.anomaly.detector")
     detector.fit_detector = fit_detector
-    monkeypatch.setitem(sys.modules, "tsformer.anomaly.detector", detector)
+    monkeypatch.setitem(sys.modules, "tsformer.jobs.anomaly.detector", detector)
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     anomaly = importlib.import_module("anomaly")
     results = tmp_path / "RESULTS.md"

@@ -1,4 +1,4 @@
-"""Anomaly scores, calibrated alarms and events (tsformer.anomaly); tiny models, `slow` where they train."""
+"""Anomaly scores, calibrated alarms and events (tsformer.jobs.anomaly); tiny models, `slow` where they train."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tsformer.anomaly import EventRule, calibrate_threshold, events_of, fit_detector
-from tsformer.anomaly.detector import check_table
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
+from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold, events_of
+from tsformer.jobs.anomaly.detector import check_table, fit_detector
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]

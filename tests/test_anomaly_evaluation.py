@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anomaly_datasets as datasets
 import numpy as np
 import pandas as pd
 import pytest
 
-from tsformer.anomaly import datasets
-from tsformer.anomaly.baselines import HotellingT2
-from tsformer.anomaly.evaluation import alarm_metrics, anomaly_segments, evaluate, sliding_window
 from tsformer.data.schema import DataValidationError
+from tsformer.jobs.anomaly.baselines import HotellingT2
+from tsformer.jobs.anomaly.evaluation import alarm_metrics, anomaly_segments, evaluate, sliding_window
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "anomaly"
 MSL_FILE = DATA / "MSL" / "016_MSL_id_15_Sensor_tr_500_1st_780.csv"  # the shortest of the 14

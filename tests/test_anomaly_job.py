@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, TINY_ANOMALY
-from tsformer.anomaly.judging import AnomalyModel
-from tsformer.anomaly.plant import CHANNELS, simulate_plant_anomaly
 from tsformer.data.anomaly import split_at
+from tsformer.data.plant_anomaly import CHANNELS, simulate_plant_anomaly
 from tsformer.jobs import JOBS, load_model
-from tsformer.serve import answer
+from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.serving.server import answer
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
 
@@ -80,9 +80,9 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
 def test_run_measures_the_score_beside_baselines_fitted_on_its_train_rows(trained, capsys):
     """With labels: TSB-AD's metrics per series of the detector and of each baseline fitted on the same
     train rows (here Hotelling's T² recomputed by hand), and the table in the summary."""
-    from tsformer.anomaly.baselines import HotellingT2
-    from tsformer.anomaly.evaluation import evaluate
     from tsformer.data.anomaly import split_normal_rows
+    from tsformer.jobs.anomaly.baselines import HotellingT2
+    from tsformer.jobs.anomaly.evaluation import evaluate
 
     result = trained[0]
     names = ("hotelling_t2", "pca_residual", "isolation_forest", "random")

@@ -14,9 +14,9 @@ from hydra.utils import instantiate
 from torch.utils.data import default_collate
 
 from conftest import TINY
-from tsformer.export import SplitView
+from tsformer.jobs.forecasting.export import SplitView
+from tsformer.jobs.forecasting.plots import attention_figure
 from tsformer.nn.attention import MultiHeadAttention, collect_attention
-from tsformer.plots import attention_figure
 from tsformer.train import build_task, compose_config
 
 H = 2  # heads (TINY)

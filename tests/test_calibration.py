@@ -13,7 +13,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import TINY
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.tasks.probabilistic import (
     QuantileFunctionForecast,
     SampleForecast,

@@ -15,12 +15,12 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from tsformer import predict
-from tsformer.classifier import Classifier, save_classifier_folder
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
-from tsformer.forecaster import ModelInfo
 from tsformer.jobs import JOBS, job_of_folder
-from tsformer.jobs.classification import write_outputs
+from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
+from tsformer.jobs.classification.job import write_outputs
+from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask, summary_features
 from tsformer.train import build_task, compose_config

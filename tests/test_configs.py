@@ -34,7 +34,7 @@ ARCHIVE = {
 CLASSIFICATION |= ARCHIVE
 
 
-# the anomaly job's data, detectors and experiment (tsformer.jobs.anomaly)
+# the anomaly job's data, detectors and experiment (tsformer.jobs.anomaly.job)
 ANOMALY = {"plant_anomaly", "enc_only_anomaly", "dec_only_anomaly"}
 
 

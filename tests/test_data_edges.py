@@ -18,7 +18,7 @@ import pytest
 
 from conftest import PLANT_TARGETS, plant_csv_overrides
 from tsformer.data import DataValidationError, TimeSeriesDataModule, load_table, simulate_plant
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.predict import main as predict_main
 from tsformer.train import compose_config, run
 

@@ -101,7 +101,7 @@ def test_plant_regime_is_the_labelled_stream_data_plant_regime_trains_on(tmp_pat
 
 def test_plant_anomaly_is_the_labelled_table_data_plant_anomaly_judges(tmp_path, capsys):
     """The README's "Detect anomalies" new table: the channels and labels of the plant with faults."""
-    from tsformer.anomaly.plant import simulate_plant_anomaly
+    from tsformer.data.plant_anomaly import simulate_plant_anomaly
 
     path = tmp_path / "new.csv"
     assert (

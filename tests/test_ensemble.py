@@ -1,4 +1,4 @@
-"""An ensemble folder (tsformer.ensemble): the mean of its members' probabilities, through every loader."""
+"""An ensemble folder (tsformer.jobs.classification.ensemble): the mean of its members' probabilities, through every loader."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 
 from test_classification import NET, sequences_table
 from tsformer import predict
-from tsformer.classifier import Classifier, save_classifier_folder
 from tsformer.data.sequences import SequenceDataModule
-from tsformer.ensemble import train_ensemble, write_ensemble_folder
 from tsformer.jobs import load_model
+from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
+from tsformer.jobs.classification.ensemble import train_ensemble, write_ensemble_folder
 from tsformer.model_folder import ModelFolderError, ModelInfo
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask

@@ -16,7 +16,7 @@ from sklearn.preprocessing import MinMaxScaler, StandardScaler
 from conftest import PLANT_KNOWN, PLANT_TARGETS, TINY
 from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.data.features import Affine, FeaturePipeline
-from tsformer.forecaster import DataContract, Forecaster, ModelInfo, save_model_folder
+from tsformer.jobs.forecasting.forecaster import DataContract, Forecaster, ModelInfo, save_model_folder
 from tsformer.train import build_task, compose_config
 
 N, M = 12, 4

@@ -10,7 +10,7 @@ import torch
 from conftest import PLANT_KNOWN, PLANT_TARGETS, plant_csv_overrides
 from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.data.gaps import FILLED_ROW, fill_gaps
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.tasks import EncoderForecaster
 from tsformer.train import compose_config, run
 

@@ -17,8 +17,8 @@ import torch
 
 from conftest import TINY
 from tsformer.data.features import Affine
-from tsformer.forecaster import DataContract, Forecaster, ModelInfo
-from tsformer.jobs.imputation import fill_windows, impute, window_of
+from tsformer.jobs.forecasting.forecaster import DataContract, Forecaster, ModelInfo
+from tsformer.jobs.imputation.job import fill_windows, impute, window_of
 from tsformer.predict import main as predict_main
 from tsformer.tasks.masked import MaskedFillIn
 
@@ -152,7 +152,7 @@ def test_predict_impute_end_to_end(trained, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from tsformer.data import simulate_plant
-    from tsformer.jobs.forecasting import WINDOW_MSE
+    from tsformer.jobs.forecasting.job import WINDOW_MSE
 
     result, folder, summary = trained
     assert {"test/mse", "test/baseline_mse", "test/mae_orig"} <= set(result.metrics)

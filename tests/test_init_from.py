@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from conftest import TINY
 from tsformer import init_from
-from tsformer.forecaster import WEIGHTS_FILE, Forecaster
+from tsformer.jobs.forecasting.forecaster import WEIGHTS_FILE, Forecaster
 from tsformer.settings import SettingError
 from tsformer.tracking import restore_env
 from tsformer.train import build_task, compose_config, run

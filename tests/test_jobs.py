@@ -23,8 +23,8 @@ from mlflow.tracking import MlflowClient
 from conftest import TINY, TINY_ANOMALY, plant_csv_overrides
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
-from tsformer.jobs.imputation import impute
-from tsformer.predict import resolve_model
+from tsformer.jobs.imputation.job import impute
+from tsformer.serving.references import resolve_model
 from tsformer.settings import SettingError
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run

@@ -27,8 +27,8 @@ from mlflow import MlflowClient
 from conftest import TINY
 from tsformer import predict
 from tsformer.data import fetch
-from tsformer.forecaster import Forecaster
-from tsformer.predict import resolve_model
+from tsformer.jobs.forecasting.forecaster import Forecaster
+from tsformer.serving.references import resolve_model
 from tsformer.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tsformer.train import compose_config, run
 
@@ -137,8 +137,8 @@ def test_tsformer_serve_answers_a_real_request_with_valid_json_and_a_bad_one_wit
     path, expected = new_table
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": os.environ.get("HOME", "/tmp")}
-    # the console script runs `tsformer.serve:main` with the environment's interpreter
-    command = [sys.executable, "-m", "tsformer.serve", result.run_id, "--port", str(port)]
+    # the console script runs `tsformer.serving.server:main` with the environment's interpreter
+    command = [sys.executable, "-m", "tsformer.serving.server", result.run_id, "--port", str(port)]
     server = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

@@ -19,7 +19,7 @@ import torch
 from conftest import PLANT_TARGETS, TINY
 from tsformer import predict
 from tsformer.data import simulate_plant
-from tsformer.forecaster import CONFIG_FILE, WEIGHTS_FILE, Forecaster, ModelFolderError
+from tsformer.jobs.forecasting.forecaster import CONFIG_FILE, WEIGHTS_FILE, Forecaster, ModelFolderError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster
 from tsformer.train import compose_config, run
 

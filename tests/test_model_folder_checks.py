@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_leaves
 from conftest import REPO
 from tsformer import predict
 from tsformer.data.datamodule import TimeSeriesDataModule
-from tsformer.forecaster import DataContract
 from tsformer.jobs import load_model
+from tsformer.jobs.forecasting.forecaster import DataContract
 from tsformer.model_folder import CONFIG_FILE, WEIGHTS_FILE, ModelFolderError
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -12,7 +12,7 @@ import torch
 
 from conftest import TINY, random_windows
 from tsformer.data import TimeSeriesDataModule, simulate_plant
-from tsformer.forecaster import Forecaster, ModelInfo, save_model_folder
+from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, save_model_folder
 from tsformer.models import EncoderDecoder, EncoderDecoderConfig, EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.patching import Patching, n_patches
 from tsformer.nn.revin import RevIN

@@ -19,8 +19,8 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import TINY
-from tsformer.export import SplitView
-from tsformer.plots import (
+from tsformer.jobs.forecasting.export import SplitView
+from tsformer.jobs.forecasting.plots import (
     _concise_dates,
     attention_figure,
     error_by_step_figure,

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, TINY
 from tsformer.data import DataValidationError, simulate_plant
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.train import compose_config, run
 
 # every test here trains through train.py (or reads a module fixture that does)

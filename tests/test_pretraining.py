@@ -11,11 +11,11 @@ from hydra.utils import instantiate
 
 from test_classification import NET, sequences_table
 from tsformer import init_from
-from tsformer.classifier import Classifier
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.data.simulators import simulate_plant_regimes
-from tsformer.forecaster import WEIGHTS_FILE
-from tsformer.jobs.pretraining import fine_tune_command
+from tsformer.jobs.classification.classifier import Classifier
+from tsformer.jobs.forecasting.forecaster import WEIGHTS_FILE
+from tsformer.jobs.pretraining.job import fine_tune_command
 from tsformer.settings import SettingError, check
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining

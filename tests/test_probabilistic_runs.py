@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from tsformer.forecaster import Forecaster, example_table
+from tsformer.jobs.forecasting.forecaster import Forecaster, example_table
 from tsformer.tasks.baselines import ErrorQuantiles, Persistence
 from tsformer.train import compose_config, run
 

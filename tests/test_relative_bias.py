@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from test_train_on_every_series import EVERY_SERIES, table_config
-from tsformer.classifier import Classifier
+from tsformer.jobs.classification.classifier import Classifier
 from tsformer.models import (
     DecoderOnly,
     DecoderOnlyConfig,

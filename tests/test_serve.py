@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tsformer.data.schema import DataValidationError
-from tsformer.serve import BadRequest, answer, read_request
+from tsformer.serving.server import BadRequest, answer, read_request
 
 TABLE = pd.DataFrame(
     {"series_id": [0, 0], "time": ["2024-01-01 00:00", "2024-01-01 00:01"], "x": [1.5, None]}

@@ -12,7 +12,7 @@ import torch
 
 from conftest import PLANT_KNOWN, PLANT_TARGETS, TINY, plant_csv_overrides
 from tsformer.data import DataValidationError, TimeSeriesDataModule, simulate_plant
-from tsformer.forecaster import Forecaster
+from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.train import compose_config, run
 
 TARGETS, KNOWN = PLANT_TARGETS, PLANT_KNOWN

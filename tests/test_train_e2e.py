@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from tsformer.jobs.forecasting import WINDOW_MSE
+from tsformer.jobs.forecasting.job import WINDOW_MSE
 from tsformer.train import compose_config
 
 # every test here trains through train.py (or reads a module fixture that does)
@@ -156,7 +156,7 @@ def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp,
 
 def test_mae_by_step_equals_the_csv_frame_grouped_by_variable_and_step(in_tmp):
     """The error-by-step figure is drawn from the arrays; it must show what the CSV would give."""
-    from tsformer.export import SplitView, forecasts_frame, mae_by_step
+    from tsformer.jobs.forecasting.export import SplitView, forecasts_frame, mae_by_step
 
     dm = instantiate(compose_config(["model=enc_dec", *TINY], in_tmp / "out").data)
     dm.setup()

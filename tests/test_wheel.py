@@ -23,7 +23,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
-from tsformer.export import COLUMNS
+from tsformer.jobs.forecasting.export import COLUMNS
 
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "README.md", "src", "conf"]
 PACKAGED = "tsformer/conf/"  # where conf/ lies in the wheel

@@ -79,7 +79,7 @@ class Source:
 def resolve(reference: str, tracking_uri: str | None) -> Source:
     """The model `reference` names, loaded; a reference that names none: one `SettingError` line."""
     from tsformer.jobs import load_model
-    from tsformer.predict import RUN_ID, resolve_model
+    from tsformer.serving.references import RUN_ID, resolve_model
 
     where = f"init_from={reference}"
     try:

@@ -1,5 +1,5 @@
 """A trained model as a self-contained folder, for every kind of model: written (`write`), read and
-checked (`read`) in one place; `Forecaster` (tsformer.forecaster) and `Classifier` (tsformer.classifier)
+checked (`read`) in one place; `Forecaster` (tsformer.jobs.forecasting.forecaster) and `Classifier` (tsformer.jobs.classification.classifier)
 are the inference objects on top of it, each describing its kind of folder with a `FolderKind`.
 
 The folder holds
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tsformer.export import _write_atomically
+from tsformer.serving.writers import write_atomically
 from tsformer.tasks.setting_groups import task_settings
 
 CONFIG_FILE = "tsformer.json"
@@ -96,9 +96,9 @@ def write(folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo)
         "data": asdict(contract),
         "info": asdict(info),
     }
-    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings
-    _write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
+    write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
     return folder
 
 

@@ -350,7 +350,7 @@ def log_pyfunc_model(
     MLflow 3's model logging (`pyfunc.log_model`'s path, `Model.log`) makes it a "logged model" of
     the run: listed on the run's page and the experiment's Models tab, found at `runs:/<run id>/model`
     (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
-    A model from code (`mlflow_model.py`) with the tsformer package as its code: loading it unpickles
+    A model from code (`serving/pyfunc.py`) with the tsformer package as its code: loading it unpickles
     nothing and needs no Hydra config. The signature is inferred from an example table and its
     forecasts (a parameter `origin`, empty by default), its times of any type; `optional_inputs` may be
     left out. Returns the
@@ -365,7 +365,7 @@ def log_pyfunc_model(
     from mlflow.types.schema import AnyType
 
     import tsformer
-    from tsformer import mlflow_model
+    from tsformer.serving import pyfunc
 
     with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
         warnings.simplefilter("ignore", UserWarning)
@@ -404,7 +404,7 @@ def log_pyfunc_model(
             flavor=mlflow.pyfunc,
             run_id=run_id,
             model_id=model.model_id,
-            python_model=mlflow_model.__file__,
+            python_model=pyfunc.__file__,
             artifacts={"model_folder": str(model_folder)},
             code_paths=[str(Path(tsformer.__file__).parent)],
             signature=signature,

@@ -1,4 +1,4 @@
-"""The data of anomaly detection (`data=plant_anomaly`, `tsformer.jobs.anomaly`): a table of channels per
+"""The data of anomaly detection (`data=plant_anomaly`, `tsformer.jobs.anomaly.job`): a table of channels per
 series, the rows before `train_end` assumed normal.
 
 Per series (told apart by a `series_id` column; without one the table is one series):

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
 
 DATA_CONFIGS = config_dir() / "data"
 # the modules whose simulators `data=<name>` configs name (the plant with faults is anomaly detection's)
-SIMULATOR_MODULES = ("tsformer.data.simulators", "tsformer.anomaly.plant")
+SIMULATOR_MODULES = ("tsformer.data.simulators", "tsformer.data.plant_anomaly")
 
 
 def simulated_data_configs() -> dict[str, dict]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tsformer.jobs.base import Job, RunOutputs, print_summary
 
-# the modules of the registered jobs (tsformer/jobs/<module>.py, each with a `JOB`): one line a job
+# the registered jobs: tsformer/jobs/<name>/job.py, each with a `JOB`; one line a job
 REGISTERED = (
     "forecasting",
     "reconstruction",
@@ -39,7 +39,7 @@ REGISTERED = (
     "anomaly",
 )
 JOBS: dict[str, Job] = {
-    job.name: job for job in (import_module(f"tsformer.jobs.{m}").JOB for m in REGISTERED)
+    job.name: job for job in (import_module(f"tsformer.jobs.{m}.job").JOB for m in REGISTERED)
 }
 
 __all__ = ["JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model", "print_summary"]

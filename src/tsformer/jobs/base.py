@@ -98,7 +98,7 @@ def predict_usage(what: str, *options: str) -> Callable[[str], str]:
 def predict_csv(model, table: pd.DataFrame, args: argparse.Namespace) -> tuple[pd.DataFrame, Path, str]:
     """`model.predict` of `table` written to `args.output` (predict.py's options): the rows, the file,
     and who predicted them, '<family> model (run <id>, data <data set>)'."""
-    from tsformer.export import write_csv
+    from tsformer.serving.writers import write_csv
 
     frame = model.predict(table, origin=args.origin, source=str(args.data), time_format=args.time_format)
     path = write_csv(frame, args.output).resolve()

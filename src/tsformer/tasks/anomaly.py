@@ -1,5 +1,5 @@
 """Anomaly detectors: a window task trained on normal rows that scores every row of a table and each of
-its channels (`tsformer.jobs.anomaly`, docs/anomaly.md). Two methods, each a task of its family:
+its channels (`tsformer.jobs.anomaly.job`, docs/anomaly.md). Two methods, each a task of its family:
 
 - `MaskedAnomalyDetector` (`model=enc_only_anomaly`: masked fill-in, the encoder-only family trained
   the BERT way): windows of `context_len` steps every `stride` steps; in each window every value is
@@ -81,7 +81,7 @@ class AnomalyScoring:
     def init_scoring(
         self, false_alarm_rate: float, events: dict | None, monitor: str, threshold_confidence: float | None
     ) -> None:
-        from tsformer.anomaly.alarms import EventRule  # the anomaly package imports these tasks
+        from tsformer.jobs.anomaly.alarms import EventRule  # the anomaly package imports these tasks
 
         if monitor != "val/loss":
             raise ValueError(
@@ -156,7 +156,7 @@ class AnomalyScoring:
     def calibrate(self, val: pd.DataFrame) -> np.ndarray:
         """Each channel's usual error (`error_scale`) and the threshold from the held-out normal rows
         `val`; returns their scores."""
-        from tsformer.anomaly.alarms import calibrate_threshold
+        from tsformer.jobs.anomaly.alarms import calibrate_threshold
 
         check_table(val, self.channels, self.window, "validation rows")
         raw = self.raw_errors(val)  # (K, T_val, C)

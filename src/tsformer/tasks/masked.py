@@ -1,7 +1,7 @@
 """Masked fill-in with the encoder-only family: hide some values of a window, restore them from both sides.
 
 The cloze task of BERT for time series (Zerveas et al., KDD 2021), and how missing sensor values are
-imputed (`tsformer.jobs.imputation`). The values are the table's target columns (`data.target_cols`):
+imputed (`tsformer.jobs.imputation.job`). The values are the table's target columns (`data.target_cols`):
 they are the inputs and the targets at once. A window of N steps:
 
     values (B, N, Dy) --hide(mask)--> [kept values, 0 where hidden | mask] (B, N, 2 Dy)

@@ -1,6 +1,6 @@
 """A trained sequence classifier as a self-contained folder, and the classes of new sequences.
 
-The folder has the files of a forecasting model folder (`tsformer.forecaster`): `tsformer.json` (the
+The folder has the files of a forecasting model folder (`tsformer.jobs.forecasting.forecaster`): `tsformer.json` (the
 task class, its hyperparameters with the class names, the data contract below, the channel scaler
 as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
 needs only the installed package (`tsformer.model_folder` reads and checks the folder; `FOLDER` says
@@ -178,7 +178,7 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        """The model in `folder`, checked (`model_folder.read`); an ensemble's folder (`tsformer.ensemble`)
+        """The model in `folder`, checked (`model_folder.read`); an ensemble's folder (`tsformer.jobs.classification.ensemble`)
         names its members' folders inside it, whose probabilities it averages."""
         config, path = model_folder.read_config(folder)
         if "members" in config:
@@ -263,7 +263,7 @@ class Classifier:
 def _ensemble(folder: Path, members, path: Path) -> Classifier:
     """The members' classifiers (subfolders of `folder`, each checked as any classifier's folder) as one
     whose probabilities are their mean; the members read the data alike (checked when it was written)."""
-    from tsformer.ensemble import MeanOfMembers
+    from tsformer.jobs.classification.ensemble import MeanOfMembers
 
     named = isinstance(members, list) and members
     if not named or not all(

@@ -16,19 +16,22 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.datamodule import TimeSeriesDataModule
-from tsformer.export import (
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.forecasting.export import (
     SplitView,
     forecasts_frame,
     mae_by_step,
     paths_frame,
     select_levels,
-    write_csv,
-    write_json,
-    write_parquet,
 )
-from tsformer.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
-from tsformer.plots import attention_figure, error_by_step_figure, fan_chart_figure, forecast_windows_figure
+from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
+from tsformer.jobs.forecasting.plots import (
+    attention_figure,
+    error_by_step_figure,
+    fan_chart_figure,
+    forecast_windows_figure,
+)
+from tsformer.serving.writers import write_csv, write_json, write_parquet
 from tsformer.settings import SettingError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.probabilistic import BAND_LEVELS

@@ -22,7 +22,7 @@ import torch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from torch.utils.data import default_collate
 
-from tsformer.export import SplitView
+from tsformer.jobs.forecasting.export import SplitView
 from tsformer.nn.patching import n_patches
 
 LAYER_NAME = re.compile(r"(?P<stack>\w+)\.blocks\.(?P<index>\d+)\.(?P<kind>self|cross)_attn")

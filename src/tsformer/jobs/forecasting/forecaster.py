@@ -42,7 +42,7 @@ from tsformer.data.calendar import CALENDAR_FEATURES, calendar_feature_names
 from tsformer.data.features import FeaturePipeline
 from tsformer.data.gaps import FILL_METHODS, fill_gaps
 from tsformer.data.schema import DataValidationError, SeriesSchema, find_segments, fixed_step, series_ids
-from tsformer.export import COLUMNS, with_quantile_columns
+from tsformer.jobs.forecasting.export import COLUMNS, with_quantile_columns
 from tsformer.model_folder import (  # noqa: F401 (CONFIG_FILE, WEIGHTS_FILE: where the folder's files are)
     CONFIG_FILE,
     RESTORE,

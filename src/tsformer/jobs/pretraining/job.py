@@ -15,12 +15,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from tsformer import tracking
-from tsformer.classifier import Classifier, save_classifier_folder
 from tsformer.config import command_line
 from tsformer.data.sequences import ClassificationData
-from tsformer.forecaster import ModelInfo
-from tsformer.jobs import classification
 from tsformer.jobs.base import RunOutputs, job_of_module, metric_table
+from tsformer.jobs.classification import job as classification
+from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
+from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.tasks.pretraining import MaskedPretraining
 
 # the pre-training's own settings, which the fine-tuning command leaves out

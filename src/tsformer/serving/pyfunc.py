@@ -1,7 +1,7 @@
 """The MLflow pyfunc model of a run, as MLflow's "model from code" (nothing pickled).
 
 MLflow copies this file into the logged model and runs it when the model is loaded; it wraps the
-run's model folder (`tsformer.forecaster`), logged beside it as the artifact `model_folder`, and the
+run's model folder (`tsformer.jobs.forecasting.forecaster`), logged beside it as the artifact `model_folder`, and the
 tsformer package itself (logged as code), so that in any Python process with the dependencies:
 
     model = mlflow.pyfunc.load_model("runs:/<run id>/model")        # or "models:/<name>/<version>"

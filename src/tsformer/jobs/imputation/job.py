@@ -26,10 +26,10 @@ import torch
 
 from tsformer.data.schema import DataValidationError, describe_row, fixed_step
 from tsformer.data.sources import CSV_OPTIONS
-from tsformer.export import _write_atomically
-from tsformer.forecaster import Forecaster, _series_positions
-from tsformer.jobs import forecasting
 from tsformer.jobs.base import predict_usage
+from tsformer.jobs.forecasting import job as forecasting
+from tsformer.jobs.forecasting.forecaster import Forecaster, _series_positions
+from tsformer.serving.writers import write_atomically
 from tsformer.tasks.masked import MaskedFillIn
 
 FLAG_SUFFIX = "_imputed"
@@ -185,7 +185,7 @@ def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
     result = impute(model, table, source=str(args.data), time_format=args.time_format)
     given = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
     write = {k: v for k, v in {**model.contract.csv, **given}.items() if k in CSV_OPTIONS and v is not None}
-    path = _write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
+    path = write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
     line = result.unfilled_line(str(args.data))
     if line:
         print(f"warning: {line}", file=sys.stderr)

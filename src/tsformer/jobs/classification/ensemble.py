@@ -3,8 +3,8 @@
 The convolutional classifiers of the archive (InceptionTime, Ismail Fawaz et al. 2020) average about
 five networks that differ only in their random initialisation. One command trains them:
 
-    python -m tsformer.ensemble members=5 experiment=osuleaf seed=0        # seeds 0..4, outputs/ensemble-...
-    python -m tsformer.ensemble members=3 output=ens experiment=gun_point   # into ./ens
+    python -m tsformer.jobs.classification.ensemble members=5 experiment=osuleaf seed=0        # seeds 0..4, outputs/ensemble-...
+    python -m tsformer.jobs.classification.ensemble members=3 output=ens experiment=gun_point   # into ./ens
     python predict.py ens/model sequences.csv --output classes.csv         # like one network
 
 Each member is an ordinary `train.run` of the same overrides with its own seed (its own output folder
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tsformer.export import _write_atomically
 from tsformer.model_folder import CONFIG_FILE, ModelFolderError
+from tsformer.serving.writers import write_atomically
 from tsformer.settings import SettingError
 
 MEMBER = "member_{}"
@@ -69,7 +69,7 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
     config = {"format": first["format"], "task_class": first["task_class"], "members": names}
     config |= {"data": first["data"], "info": first["info"]}
     # last, and atomically: a folder without it is no model
-    _write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     return folder
 
 

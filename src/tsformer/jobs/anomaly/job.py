@@ -20,13 +20,13 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer import tracking
-from tsformer.anomaly.baselines import baselines
-from tsformer.anomaly.evaluation import per_series
-from tsformer.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
 from tsformer.data.anomaly import AnomalyData, series_rows
-from tsformer.export import write_csv
+from tsformer.jobs.anomaly.baselines import baselines
+from tsformer.jobs.anomaly.evaluation import per_series
+from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
 from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
+from tsformer.serving.writers import write_csv
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 
 ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"

@@ -16,11 +16,11 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer import tracking
-from tsformer.classifier import Classifier, classes_frame, save_classifier_folder
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
-from tsformer.export import write_csv
-from tsformer.forecaster import ModelInfo
 from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.classification.classifier import Classifier, classes_frame, save_classifier_folder
+from tsformer.jobs.forecasting.forecaster import ModelInfo
+from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 

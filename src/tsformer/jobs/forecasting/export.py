@@ -17,11 +17,8 @@ step, variable), original units, as calibrated (the paths the quantile columns a
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -127,30 +124,6 @@ def with_quantile_columns(frame: pd.DataFrame, quantiles: np.ndarray, levels: li
 def select_levels(quantiles: np.ndarray, have: list[float], want: list[float]) -> np.ndarray:
     """The `want` levels out of quantiles `(..., K)` computed at the levels `have`."""
     return quantiles[..., [list(have).index(level) for level in want]]
-
-
-def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write atomically: a crash mid-write never leaves a half-written file at `path`."""
-    return _write_atomically(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
-def write_parquet(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write atomically, as `write_csv`."""
-    return _write_atomically(path, lambda tmp: frame.to_parquet(tmp, index=False))
-
-
-def write_json(value, path: str | Path) -> Path:
-    """Write `value` as indented JSON, atomically, as `write_csv`."""
-    return _write_atomically(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2)))
-
-
-def _write_atomically(path: str | Path, write) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    write(tmp)
-    os.replace(tmp, path)
-    return path
 
 
 def paths_frame(view: SplitView, paths_scaled: np.ndarray) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """`fit_detector`: an anomaly detector (`tsformer.tasks.anomaly`) trained on normal rows by a Lightning
 Trainer, for scripts and benchmarks; `python train.py experiment=plant_anomaly` trains the same tasks
-through the application's run (`tsformer.jobs.anomaly`, docs/anomaly.md).
+through the application's run (`tsformer.jobs.anomaly.job`, docs/anomaly.md).
 
 `fit_detector(train, val, channels, method=...)` trains on the `train` rows (assumed normal; no label
 is read) and measures on the held-out normal `val` rows how large each channel's error normally is.

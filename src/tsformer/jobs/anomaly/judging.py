@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from tsformer import model_folder
-from tsformer.anomaly.alarms import EventRule, events_of
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
+from tsformer.jobs.anomaly.alarms import EventRule, events_of
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 

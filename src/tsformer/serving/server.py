@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tsformer.predict import load_job_and_model
+    from tsformer.serving.references import load_job_and_model
 
     try:
         job, model = load_job_and_model(args.model, args.tracking_uri)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tsformer.jobs import forecasting
 from tsformer.jobs.base import predict_usage
+from tsformer.jobs.forecasting import job as forecasting
 from tsformer.tasks.reconstruction import ReconstructionTask
 
 JOB = replace(
