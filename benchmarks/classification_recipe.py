@@ -85,6 +85,12 @@ def budget(steps: int | None, epochs: int | None) -> list[str]:
     return ["trainer.max_steps=-1", f"trainer.max_epochs={epochs}"]
 
 
+def budget_name(limit: list[str]) -> str:
+    """'4000 steps' or '200 epochs', from `budget`'s overrides."""
+    steps, epochs = (item.split("=")[1] for item in limit)
+    return f"{steps} steps" if steps != "-1" else f"{epochs} epochs"
+
+
 def one_run(dataset: str, candidate: str, seed: int, limit: list[str], extra: list[str]) -> dict:
     overrides = [
         f"experiment={EXPERIMENTS[dataset]}", *CANDIDATES[candidate], *extra, f"seed={seed}",
@@ -105,7 +111,7 @@ def one_run(dataset: str, candidate: str, seed: int, limit: list[str], extra: li
         "dataset": dataset, "candidate": candidate, "seed": seed, "seconds": seconds,
         "val_accuracy": float((proba.argmax(axis=1) == truth).mean()),
         "val_log_loss": float(-np.log(np.clip(proba[np.arange(len(truth)), truth], 1e-15, None)).mean()),
-        "n_val": len(truth), "budget": " ".join(limit),
+        "n_val": len(truth), "budget": budget_name(limit),
     }  # fmt: skip
 
 
