@@ -83,9 +83,12 @@ def plain(value):
     return value
 
 
-def write(folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo) -> Path:
+def write(
+    folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo, extra: dict | None = None
+) -> Path:
     """Write `task`'s network and the data `contract` (a dataclass) to `folder`, each file atomically
-    (a run stopped while writing leaves no half-written file behind)."""
+    (a run stopped while writing leaves no half-written file behind); `extra`: more keys of the kind's
+    `tsformer.json` (a classifier's calibration)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     task_class = type(task)
@@ -95,6 +98,7 @@ def write(folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo)
         "hparams": plain(dict(task.hparams)),
         "data": asdict(contract),
         "info": asdict(info),
+        **plain(extra or {}),
     }
     write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings

@@ -5,7 +5,8 @@ them together in order:
 1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the run's job (`tsformer.jobs`: the one that runs the model's task class) sizes the task from the data;
-3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
+3. Lightning fits it (checkpoints, early stopping), the job finishes it (`Job.before_test`: a classifier
+   fits its temperature) and the best checkpoint is tested;
 4. the job writes its outputs (a CSV in original units, the model folder `predict.py` reads) and its
    figures; the callback `callbacks.MLflowRun` owns the loggers and the MLflow run: it logs the files,
    the checkpoint and a pyfunc model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or
@@ -163,7 +164,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         cfg = resumed.config
     elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
         _refuse_used_output_folder(cfg)
-    source = _init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
+    source = init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, source)
@@ -183,6 +184,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         tester = _one_process_for_test(trainer, cfg, recorder.loggers)
         if tester is None:
             return None
+        job.before_test(cfg, task, datamodule, best_ckpt)
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
         recorder.log_outputs(job, task, datamodule, outputs, best_ckpt)
@@ -201,7 +203,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     )
 
 
-def _init_source(cfg: DictConfig) -> init_from.Source | None:
+def init_source(cfg: DictConfig) -> init_from.Source | None:
     """The model `cfg.init_from` names, loaded before the data is read (None without init_from); a run
     id is looked up in the run's own tracking URI."""
     if not cfg.get("init_from"):

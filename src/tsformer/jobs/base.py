@@ -51,7 +51,8 @@ class Job:
     """One job of the application: everything about a run that is not the task itself.
 
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
-    takes from the data), `prepare_task` (after it is built), `write_outputs` (after the test),
+    takes from the data), `prepare_task` (after it is built), `before_test` (after the fit),
+    `write_outputs` (after the test),
     `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py
     calls `load` and `predict`. The fields are plain functions, so that a job is a module with a `JOB`
     (`job_of_module`: the module's functions of these names).
@@ -71,6 +72,9 @@ class Job:
     predict: Callable[[Any, pd.DataFrame, argparse.Namespace], str]  # predict.py: writes args.output
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
+    # after the fit, before the test (cfg, task, datamodule, best checkpoint path or ""): a classifier
+    # fits the temperature of its probabilities here
+    before_test: Callable[[DictConfig, Any, Any, str], None] = _nothing
     # a table in, the job's rows out (model, table, origin, source): what `tsformer-serve` answers with
     predict_table: Callable[[Any, pd.DataFrame, str | None, str], pd.DataFrame] = _model_predict
     # the predict.py option that asks for this job's use, and its help; predict.py refuses it for another
@@ -79,13 +83,14 @@ class Job:
 
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
-FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
+FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "before_test", "write_outputs", "log_outputs")
+FUNCTIONS += ("summary_lines",)
 FUNCTIONS += ("load", "predict")
 
 
 def job_of_module(module_name: str, **fields) -> Job:
-    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `prepare_task` may
-    be left out), with the other `fields` given."""
+    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `prepare_task` and
+    `before_test` may be left out), with the other `fields` given."""
     module = sys.modules[module_name]
     return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +34,15 @@ from tsformer.data.features import Affine
 from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolve_freq
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
+from tsformer.jobs.classification.calibration import NONE, Calibration
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
 
 log = logging.getLogger(__name__)
 
-FORMAT = "classifier-1"
+FORMAT = "classifier-2"  # classifier-1 (before the calibration) is still read: temperature 1
+OLDER = ("classifier-1",)
 BATCH = 256
 
 
@@ -81,8 +83,12 @@ def contract_of(datamodule) -> SequenceContract:
 
 
 def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
-    """Write `task`'s network and `datamodule`'s contract to `folder`, each file atomically."""
-    return model_folder.write(folder, FOLDER, task, contract_of(datamodule), info)
+    """Write `task`'s network, `datamodule`'s contract and the task's calibration (none: T = 1) to
+    `folder`, each file atomically."""
+    calibration = asdict(getattr(task, "calibration", NONE))
+    return model_folder.write(
+        folder, FOLDER, task, contract_of(datamodule), info, {"calibration": calibration}
+    )
 
 
 # -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
@@ -97,13 +103,17 @@ class ClassifierConfig:
     hparams: dict
     data: SequenceContract
     info: ModelInfo
+    calibration: Calibration  # the temperature of its probabilities (`calibration.py`)
 
 
 def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") != FORMAT:
+    if config.get("format") in OLDER:  # before the calibration: its probabilities are softmax(logits)
+        config.setdefault("calibration", asdict(NONE))
+    if config.get("format") not in (FORMAT, *OLDER):
         raise ModelFolderError(
             f"{path}: format {config.get('format')!r}, this tsformer reads classifier folders of format "
-            f"{FORMAT!r}: train the model again, or load it with the tsformer that wrote it"
+            f"{FORMAT!r} (and {', '.join(OLDER)}): train the model again, or load it with the tsformer "
+            "that wrote it"
         )
 
 
@@ -183,7 +193,14 @@ class Classifier:
         config, path = model_folder.read_config(folder)
         if "members" in config:
             return _ensemble(Path(folder), config["members"], path)
-        return cls(*model_folder.read(folder, FOLDER))
+        task, contract, info = model_folder.read(folder, FOLDER)  # its keys and types checked
+        _check_format(config, path)
+        calibration = Calibration(**config["calibration"])
+        problem = next(calibration.problems(), None)
+        if problem is not None:
+            raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
+        task.temperature, task.calibration = calibration.temperature, calibration
+        return cls(task, contract, info)
 
     @property
     def classes(self) -> list[str]:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tsformer import tracking
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
 from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.classification.calibration import calibrate
 from tsformer.jobs.classification.classifier import Classifier, classes_frame, save_classifier_folder
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -32,6 +33,11 @@ def task_sizes(datamodule) -> dict:
     """What the classification task takes from its data."""
     counts = np.bincount(datamodule.labels("train"), minlength=datamodule.n_classes)
     return {"d_in": datamodule.d_in, "classes": datamodule.classes, "class_counts": counts.tolist()}
+
+
+def before_test(cfg: DictConfig, task, datamodule, best_checkpoint: str) -> None:
+    """The temperature of the probabilities, fitted without a test sample (`calibration.calibrate`)."""
+    calibrate(cfg, task, datamodule, best_checkpoint)
 
 
 def test_frame(task, datamodule) -> pd.DataFrame:
