@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
         "(default: the training data's data.time_format)",
     )
-    for flag, help_text in _job_flags().items():  # a use of the model some job asks for
+    for flag, help_text in {**_job_flags(), **_job_options()}.items():  # what some job's models take
         parser.add_argument(flag, action="store_true", help=help_text)
     for option in CSV_OPTIONS:
         parser.add_argument(
@@ -78,8 +78,21 @@ def _job_flags() -> dict[str, str]:
     return dict(job.predict_flag for job in JOBS.values() if job.predict_flag is not None)
 
 
+def _job_options() -> dict[str, str]:
+    """The options some job's models may take (`Job.predict_options`), and their help."""
+    return {flag: text for job in JOBS.values() for flag, text in job.predict_options}
+
+
 def _check_flags(job, args) -> None:
-    """A job's option (`Job.predict_flag`) is given for its model, and for no other."""
+    """A job's option (`Job.predict_flag`) is given for its model, and for no other; a job's optional
+    ones (`Job.predict_options`) for its models only."""
+    for flag in _job_options():
+        given = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if given and flag not in dict(job.predict_options):
+            raise ValueError(
+                f"{flag}: {args.model} is a model of the {job.name} job, which does not take {flag} "
+                f"({job.usage('MODEL')})"
+            )
     for flag in _job_flags():
         given = getattr(args, flag.lstrip("-").replace("-", "_"))
         own = job.predict_flag is not None and job.predict_flag[0] == flag

@@ -80,6 +80,9 @@ class Job:
     # the predict.py option that asks for this job's use, and its help; predict.py refuses it for another
     # job's model, and refuses this job's model without it
     predict_flag: tuple[str, str] | None = None
+    # predict.py options this job's models may take (flag, help), e.g. classification's --explain;
+    # refused for another job's model
+    predict_options: tuple[tuple[str, str], ...] = ()
 
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
@@ -100,12 +103,16 @@ def predict_usage(what: str, *options: str) -> Callable[[str], str]:
     return lambda ref: f"{what}: {command_line('predict', shlex.quote(ref), '<table.csv>', *options)}"
 
 
-def predict_csv(model, table: pd.DataFrame, args: argparse.Namespace) -> tuple[pd.DataFrame, Path, str]:
-    """`model.predict` of `table` written to `args.output` (predict.py's options): the rows, the file,
-    and who predicted them, '<family> model (run <id>, data <data set>)'."""
+def predict_csv(
+    model, table: pd.DataFrame, args: argparse.Namespace, **options
+) -> tuple[pd.DataFrame, Path, str]:
+    """`model.predict` of `table` (with the job's `options`) written to `args.output` (predict.py's
+    options): the rows, the file, and who predicted them, '<family> model (run <id>, data <data set>)'."""
     from tsformer.serving.writers import write_csv
 
-    frame = model.predict(table, origin=args.origin, source=str(args.data), time_format=args.time_format)
+    frame = model.predict(
+        table, origin=args.origin, source=str(args.data), time_format=args.time_format, **options
+    )
     path = write_csv(frame, args.output).resolve()
     return frame, path, f"{model.info.family} model (run {model.info.run_id}, data {model.info.dataset})"
 

@@ -35,6 +35,7 @@ from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolv
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
 from tsformer.jobs.classification.calibration import NONE, Calibration
+from tsformer.jobs.classification.explain import occlusion, range_columns
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
@@ -206,11 +207,27 @@ class Classifier:
     def classes(self) -> list[str]:
         return list(self.contract.classes)
 
+    @property
+    def class_shares(self) -> np.ndarray | None:
+        """`(C,)` the training samples' class shares (the majority class baseline's probabilities);
+        None where the folder does not say (an ensemble's: its first member's)."""
+        task = self.task.members[0] if hasattr(self.task, "members") else self.task
+        counts = (getattr(task, "hparams", None) or {}).get("class_counts")
+        if not counts or len(counts) != len(self.classes) or sum(counts) <= 0:
+            return None
+        return np.asarray(counts, dtype=np.float64) / sum(counts)
+
     def predict(
-        self, table: pd.DataFrame, origin=None, source: str = "input table", time_format: str | None = None
+        self,
+        table: pd.DataFrame,
+        origin=None,
+        source: str = "input table",
+        time_format: str | None = None,
+        explain: bool = False,
     ) -> pd.DataFrame:
         """The class and probabilities of every sequence (or stream window) of `table`; `origin` is
-        the forecasters' (refused: a classifier takes every sample), `time_format` a stream's."""
+        the forecasters' (refused: a classifier takes every sample), `time_format` a stream's. With
+        `explain`, each sample's top time ranges by occlusion (`explain.range_columns`) too."""
         if not hasattr(self.task, "predict_proba"):
             raise ValueError(
                 f"model of run {self.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
@@ -221,28 +238,25 @@ class Classifier:
             raise ValueError(f"origin={origin}: a classifier classifies every sample; give no origin")
         c = self.contract
         if c.layout == "stream":
-            info, samples, labels = self._stream_windows(table, source, time_format or c.time_format)
+            info, samples, labels, steps = self._stream_windows(table, source, time_format or c.time_format)
         else:
             cols = SequenceColumns(c.series_col, c.step_col, c.label_col, c.channel_cols)
             found = read_sequences(table, source, cols, labelled=False)
             info, samples, labels = pd.DataFrame({"series_id": found["ids"]}), found["x"], found["labels"]
+            steps = found["steps"]
         samples = [c.channel_scaler.transform(x).astype(np.float32) for x in samples]
         proba = self.predict_proba(samples)
         if labels is not None:
             self._warn_unknown(labels, source)
-        return classes_frame(info, proba, self.classes, labels)
+        frame = classes_frame(info, proba, self.classes, labels)
+        if explain:
+            found = occlusion(self.predict_proba, samples, targets=proba.argmax(axis=1))
+            frame = frame.assign(**range_columns(found, steps))
+        return frame
 
     def predict_proba(self, samples: list[np.ndarray]) -> np.ndarray:
         """Scaled samples `(T_i, D)` -> probabilities `(S, C)`, in batches padded to their longest."""
-        out = []
-        with torch.no_grad():
-            for lo in range(0, len(samples), BATCH):
-                items = [
-                    {"x": torch.as_tensor(x), "label": torch.tensor(0), "sample": torch.tensor(i)}
-                    for i, x in enumerate(samples[lo : lo + BATCH])
-                ]
-                out.append(self.task.predict_proba(pad_batch(items)).double().numpy())
-        return np.concatenate(out) if out else np.zeros((0, len(self.classes)))
+        return probabilities(self.task, samples, len(self.classes))
 
     def _stream_windows(self, table: pd.DataFrame, source: str, time_format: str | None):
         c = self.contract
@@ -263,7 +277,8 @@ class Classifier:
         series = clean[c.series_col].to_numpy()[last] if c.series_col else np.zeros(len(last), dtype=int)
         info = pd.DataFrame({"series_id": series, "window_end_time": clean[c.time_col].to_numpy()[last]})
         labels = clean[c.label_col].to_numpy()[last] if keep else None
-        return info, [values[s : s + N] for s in starts], labels
+        times = clean[c.time_col].to_numpy()  # (rows,)
+        return info, [values[s : s + N] for s in starts], labels, [times[s : s + N] for s in starts]
 
     def _warn_unknown(self, labels, source: str) -> None:
         unknown = sorted({str(v) for v in labels} - set(self.classes))
@@ -275,6 +290,19 @@ class Classifier:
                 unknown,
                 self.classes,
             )
+
+
+def probabilities(task, samples: list[np.ndarray], n_classes: int) -> np.ndarray:
+    """`task.predict_proba` of scaled samples `(T_i, D)` -> `(S, C)`, in batches padded to their longest."""
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(samples), BATCH):
+            items = [
+                {"x": torch.as_tensor(x), "label": torch.tensor(0), "sample": torch.tensor(i)}
+                for i, x in enumerate(samples[lo : lo + BATCH])
+            ]
+            out.append(task.predict_proba(pad_batch(items)).double().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, n_classes))
 
 
 def _ensemble(folder: Path, members, path: Path) -> Classifier:
