@@ -444,8 +444,8 @@ class StreamDataModule(ClassificationData):
         every_class = sorted_classes(raw[self.label_col])  # codes first; the classes come from train
         self.label_names = every_class  # label of code k (LABEL_CODE in `windows.frame`)
         codes = class_codes(raw[self.label_col], every_class, source, lambda i: f"row {i}")
-        windows = _LabelledWindows(
-            raw.assign(**{LABEL_CODE: codes.astype(np.float64)}),
+        windows = _LabelledWindows(  # the label as its code (a number the windows carry), not as text
+            raw.drop(columns=[self.label_col]).assign(**{LABEL_CODE: codes.astype(np.float64)}),
             source,
             target_cols=self.channel_names,
             context_len=self.context_len,
