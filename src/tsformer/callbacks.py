@@ -160,5 +160,6 @@ class LastWeights(ModelCheckpoint):
         if trainer.fast_dev_run:
             return
         path = self.format_checkpoint_name({})  # the config's file name: no metric in it
-        trainer.save_checkpoint(path)  # every process calls it (DDP); the first one writes
+        # every process calls it (DDP: the first one writes); weights_only given, as Lightning logs a line else
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
         self.best_model_path = self.last_model_path = path  # what the run tests and logs
