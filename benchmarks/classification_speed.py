@@ -13,7 +13,10 @@ AdamW, the warmup-cosine schedule, gradient clipping at 1.0) trains on the train
 - `Lightning`: `Trainer.fit` of the run's task with the run's Trainer settings and callbacks (the
   experiment's checkpoint of the last weights; no logger, no progress bar), from the start of its second
   epoch to the end of the fit: the loader, `training_step` (augmentation included), Lightning's loop, its
-  logging and what it does between epochs (the checkpoint written at each epoch's end).
+  logging and what it does between epochs;
+- `Lightning, checkpoint every epoch`: the same with Lightning's own `ModelCheckpoint` of the last weights,
+  which writes one at every epoch's end (the project's `callbacks=last_weights` before issue 42; now
+  `tsformer.callbacks.LastWeights`, every 500 steps and at the end).
 
 Each runs `--steps` optimiser steps (after one warm-up epoch), `--repeats` times, interleaved; the fastest
 repeat counts. Times are the process's CPU seconds (`time.process_time`: one thread, so a machine shared
@@ -89,10 +92,14 @@ class FromSecondEpoch(L.Callback):
         self.took = (time.process_time() - cpu, time.perf_counter() - wall, trainer.global_step - step)
 
 
-def lightning_steps(cfg, datamodule, task, steps: int) -> tuple[float, float]:
+def lightning_steps(cfg, datamodule, task, steps: int, every_epoch: bool = False) -> tuple[float, float]:
     """(CPU s, wall s) of `steps` optimiser steps of `Trainer.fit` after one warm-up epoch, with the run's
-    Trainer settings and callbacks (those that need a logger left out, as train.run does without one)."""
+    Trainer settings and callbacks (those that need a logger left out, as train.run does without one);
+    `every_epoch`: the last weights' checkpoint written at every epoch's end instead."""
     callbacks = [c for c in _instantiate_group(cfg.callbacks) if not isinstance(c, LearningRateMonitor)]
+    if every_epoch:
+        callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+        callbacks.append(ModelCheckpoint(filename="last_weights", monitor=None, save_top_k=1))
     timer = FromSecondEpoch()
     with tempfile.TemporaryDirectory() as tmp:
         for c in callbacks:
@@ -129,24 +136,27 @@ def main() -> None:
         cfg, datamodule, task = setup(args.dataset, embedding)
         batches = list(datamodule.train_dataloader())
         plain_steps(task, batches, len(batches), augment=True)  # warm-up
-        times = {"plain": [], "augmented": [], "lightning": []}
+        times = {"plain": [], "augmented": [], "lightning": [], "every_epoch": []}
         for _ in range(args.repeats):
             times["plain"].append(plain_steps(task, batches, args.steps, augment=False))
             times["augmented"].append(plain_steps(task, batches, args.steps, augment=True))
             _, dm, fresh = setup(args.dataset, embedding)
             times["lightning"].append(lightning_steps(cfg, dm, fresh, args.steps))
+            _, dm, fresh = setup(args.dataset, embedding)
+            times["every_epoch"].append(lightning_steps(cfg, dm, fresh, args.steps, every_epoch=True))
         cpu = {k: args.steps / min(t[0] for t in v) for k, v in times.items()}  # steps per CPU second
         wall = {k: args.steps / min(t[1] for t in v) for k, v in times.items()}
         rows.append(
             f"| {embedding} | {len(batches)} | {cpu['plain']:.1f} ({wall['plain']:.1f}) | "
             f"{cpu['augmented']:.1f} ({wall['augmented']:.1f}) | {cpu['lightning']:.1f} ({wall['lightning']:.1f}) | "
-            f"{cpu['augmented'] / cpu['lightning'] - 1:+.1%} | {cpu['plain'] / cpu['augmented'] - 1:+.1%} |"
+            f"{cpu['augmented'] / cpu['lightning'] - 1:+.1%} | {cpu['plain'] / cpu['augmented'] - 1:+.1%} | "
+            f"{cpu['every_epoch']:.1f} ({wall['every_epoch']:.1f}) | {cpu['augmented'] / cpu['every_epoch'] - 1:+.1%} |"
         )  # fmt: skip
     print(
         "| stem | steps per epoch | plain steps/s | plain + augmentation steps/s | Lightning steps/s "
-        "| Lightning overhead | augmentation overhead |"
+        "| Lightning overhead | augmentation overhead | Lightning, checkpoint every epoch | its overhead |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print("\nsteps per CPU second (per wall second); overheads: CPU time over the plain loop's")
     print(
