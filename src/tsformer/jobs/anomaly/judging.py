@@ -18,8 +18,8 @@ import pandas as pd
 
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
-from tsformer.jobs.anomaly.alarms import EventRule, events_of
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
+from tsformer.tasks.alarms import EventRule, events_of
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 
 N_TOP = 3  # top contributing channels per row and event

@@ -221,13 +221,13 @@ class Forecaster:
         clean = self._validate(table, source, time_format or c.time_format)
         origin = None if origin is None else pd.Timestamp(origin)
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
-        for sid, rows in _series_positions(clean, c).items():
+        for sid, rows in series_positions(clean, c).items():
             self._check_frequency(clean, sid, rows, source)
             if self.task.reconstructs:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
             else:
                 windows.append(self._forecast_window(clean, sid, rows, origin, source))
-        batch, times = self._batch(clean, windows)
+        batch, times = self.batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
             parts = [
@@ -376,7 +376,7 @@ class Forecaster:
                     f"it as {what} ({empty.size} empty cell(s) of '{col}' there)"
                 )
 
-    def _batch(self, clean, windows) -> tuple[dict, np.ndarray]:
+    def batch(self, clean, windows) -> tuple[dict, np.ndarray]:
         """The model's batch dict for the windows (scaled like training), and each window's times."""
         c = self.contract
         n, m = c.context_len, c.horizon
@@ -459,7 +459,7 @@ FOLDER = FolderKind(
 )
 
 
-def _series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
+def series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
     """Series id -> positions of its rows in `clean` (sorted by time)."""
     ids = series_ids(clean, contract.schema)
     order = pd.Series(np.arange(len(clean))).groupby(ids, sort=False)
