@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, TINY, TINY_ANOMALY, plant_csv_overrides
+from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
 from tsformer.serving.predictor import Predictor
@@ -365,3 +366,63 @@ def test_tsformer_serve_names_the_job_and_writes_one_line_per_request(trained, a
     assert lines[0].startswith(f"serving the {trained.job.name} model ("), lines
     requests = [line for line in lines if "/invocations" in line and not line.startswith("serving")]
     assert len(requests) == 1, lines
+
+
+# -- a hostile folder of the model's kind ---------------------------------------------------------------
+
+MARKER_MODULE = "tsformer_contract_hostile"  # a module a hostile folder names: importing it writes a file
+
+
+def first_int_hparam(hparams: dict) -> str:
+    return next(k for k, v in hparams.items() if type(v) is int)
+
+
+# name -> (change of the folder's tsformer.json, words the one line holds)
+HOSTILE = {
+    "a wrong type": (
+        lambda c: c["hparams"].update({first_int_hparam(c["hparams"]): "12"}),
+        lambda c: [f"hparams.{first_int_hparam(c['hparams'])} is a string ('12'), expected int"],
+    ),
+    "a huge size": (
+        lambda c: c["hparams"]["net"].update(d_model=10**9),
+        lambda c: ["hparams do not build a network"],
+    ),
+    "an unknown key": (
+        lambda c: c["hparams"].update(colour="red"),
+        lambda c: ["unknown key(s) ['colour'] in hparams"],
+    ),
+    "code to import": (
+        lambda c: c.update(task_class=f"{MARKER_MODULE}.Task"),
+        lambda c: [f"task_class '{MARKER_MODULE}.Task' is not a task of this tsformer"],
+    ),
+}
+
+
+def test_a_hostile_folder_of_its_kind_is_one_line_without_allocating_or_running_code(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """Copies of the run's model folder, each with one hostile change: refused by predict.py in one line
+    (exit 2, nothing written), before more than 1 GB is allocated (a 10**9-wide network is shaped on
+    PyTorch's meta device) and without importing the module a `task_class` names (on sys.path here)."""
+    from tsformer.predict import main as predict_main
+
+    (tmp_path / f"{MARKER_MODULE}.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Task: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tmp_path / "table.csv"
+    request_table(trained).to_csv(table, index=False)
+    for case, (change, words) in HOSTILE.items():
+        folder = shutil.copytree(trained.result.model_folder, tmp_path / case.replace(" ", "_"))
+        config = json.loads((folder / "tsformer.json").read_text())
+        expected = words(config)
+        change(config)
+        (folder / "tsformer.json").write_text(json.dumps(config))
+        out = tmp_path / "out.csv"
+        with CountAllocations() as counted:
+            assert predict_main([str(folder), str(table), "--output", str(out)]) == 2, case
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, (case, err)
+        assert all(word in err for word in [str(folder / "tsformer.json"), *expected]), (case, err)
+        assert counted.elements * 4 < 10**9, (case, counted.elements)  # float32 numbers: under 1 GB
+        assert not out.exists() and not (tmp_path / "ran").exists() and MARKER_MODULE not in sys.modules, case

@@ -70,15 +70,14 @@ def test_model_folder_reproduces_training_forecasts(family, trained):
     """The saved folder, loaded alone, gives the forecasts training exported for the same windows."""
     result, _ = trained[family]
     forecaster = Forecaster.load(result.model_folder)
-    if forecaster.contract.horizon > 0:
-        origin = last_test_origin(result)
-        table = future_table(forecaster.contract.horizon, origin)
-    else:
+    if forecaster.task.reconstructs:
         table = plant().drop(columns=TARGETS)  # reconstruction: inputs only
+    else:
+        table = future_table(forecaster.contract.horizon, last_test_origin(result))
     out = forecaster.predict(table)
     merged = result.forecasts.merge(out, on=KEYS, suffixes=("_train", "_new"))
     assert len(merged) > 0
-    if forecaster.contract.horizon > 0:
+    if not forecaster.task.reconstructs:
         assert len(merged) == len(out) == 2 * forecaster.contract.horizon * len(TARGETS)
     np.testing.assert_allclose(merged.y_pred_new, merged.y_pred_train, rtol=1e-5, atol=1e-5)
     assert out.y_pred.notna().all()

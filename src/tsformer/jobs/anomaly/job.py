@@ -33,10 +33,6 @@ from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetecto
 ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, AnomalyData)
-
-
 def task_sizes(datamodule) -> dict:
     """The channels are the detector's targets; it takes no covariates."""
     return {
@@ -157,6 +153,7 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
 
 JOB = job_of_module(
     __name__,
+    data_class=AnomalyData,
     folders=(FOLDER,),
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),

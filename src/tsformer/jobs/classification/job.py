@@ -25,8 +25,8 @@ from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, ClassificationData) and not datamodule.pretraining
+def data_filter(datamodule) -> bool:
+    return not datamodule.pretraining  # pre-training's data: its own job
 
 
 def task_sizes(datamodule) -> dict:
@@ -158,6 +158,7 @@ def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str
 
 JOB = job_of_module(
     __name__,
+    data_class=ClassificationData,
     folders=(FOLDER, ENSEMBLE),
     name="classification",
     tasks=(ClassificationTask,),

@@ -55,10 +55,6 @@ WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled u
 DATA = "a forecasting or reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec"
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, TimeSeriesDataModule)
-
-
 def task_sizes(datamodule) -> dict:
     """What a window task takes from its data."""
     return {
@@ -104,7 +100,9 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example_table(datamodule))
+    return RunOutputs(
+        model_folder, csv_path, forecasts, paths_path, example_table(datamodule, task.reconstructs)
+    )
 
 
 def _quantiles(task, levels: list[float]) -> tuple:
@@ -223,6 +221,7 @@ def report(model: Forecaster, forecasts: pd.DataFrame, written: list[Path]) -> s
 
 JOB = job_of_module(
     __name__,
+    data_class=TimeSeriesDataModule,
     folders=(FOLDER,),
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
