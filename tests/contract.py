@@ -321,6 +321,9 @@ def test_the_run_is_named_and_tagged_after_its_job_and_writes_its_model_folder(t
     assert the_run.data.tags["job"] == job.name
     assert the_run.info.run_name.startswith(f"{job.name}-{the_run.data.tags['family']}-")
     load_model(result.model_folder)
+    if result.csv_path is not None:  # the job's table under its own artifact folder
+        logged = {a.path for a in client.list_artifacts(result.run_id, result.outputs.logged_under)}
+        assert f"{result.outputs.logged_under}/{result.csv_path.name}" in logged, logged
     experiment = the_run.info.experiment_id
     assert f"{sys.executable} -m mlflow ui --backend-store-uri {uri}" in summary
     assert f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{result.run_id}" in summary

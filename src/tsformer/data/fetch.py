@@ -268,6 +268,26 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def simulate_command(data: dict, future_steps: int, min_steps: int) -> str | None:
+    """The `tsformer-data simulate` command, runnable from any folder, that writes a new table of the
+    simulated data set `data` (a run's data config, resolved) trained on: its simulator's settings, another
+    seed, at least `min_steps` rows per series, the target cells of each series' last `future_steps` rows
+    empty; None when `data` is not a simulated data set's."""
+    configs = simulated_data_configs()
+    name, source = data.get("name"), data.get("source") or {}
+    if name not in configs or source.get("_target_") != configs[name]["source"]["_target_"]:
+        return None
+    own = simulator_settings(configs[name])
+    used = {k: v for k, v in source.items() if k in SIMULATOR_OPTIONS}
+    options = {"seed": int(used.get("seed", own["seed"])) + 1, "n_steps": max(200, 2 * min_steps)}
+    options |= {k: v for k, v in used.items() if k not in ("seed", "n_steps", "n_series") and v != own.get(k)}
+    args = [f"{_option(k)} {shlex.quote(str(v))}" for k, v in options.items()]
+    args += [f"--future-steps {future_steps}"] if future_steps else []
+    script = Path(sys.executable).parent / "tsformer-data"  # the console script beside the interpreter
+    runs = shlex.quote(os.path.abspath(script)) if script.is_file() else "tsformer-data"
+    return " ".join([runs, "simulate", name, *args, "--output new.csv"])
+
+
 def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> None:
     parser.add_argument(
         "dataset", choices=sorted(configs), help="the simulated data set (conf/data/<name>.yaml)"

@@ -36,6 +36,7 @@ class RunOutputs:
     # which `train.run` adds to the test's; the job's `log_outputs` logs them
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # what else the job hands on to log_outputs
+    logged_under: str = "forecasts"  # the MLflow run's artifact folder of the CSV (and paths): the job's
 
 
 def _nothing(*args) -> None:

@@ -67,7 +67,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         compared = baselines(int(cfg.seed))
         metrics |= beside_baselines(datamodule, rows, compared)
     return RunOutputs(
-        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics,
+        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
     )  # fmt: skip
 
@@ -103,7 +103,7 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     """The alarms' metrics, the events table and the two figures."""
     for name, value in outputs.metrics.items():
         logger.experiment.log_metric(logger.run_id, name, value)
-    tracking.log_files(logger, [("forecasts", outputs.details["events_path"])])
+    tracking.log_files(logger, [(outputs.logged_under, outputs.details["events_path"])])
     beside_csv = Path(cfg.paths.output_dir)
     for path, figure in figures(outputs.forecasts, outputs.details["scores"]).items():
         tracking.log_figure(logger, figure, path, beside_csv)

@@ -51,7 +51,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     folder = save_classifier_folder(output_dir / "model", task, datamodule, info)
-    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule))
+    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule), logged_under="classes")
 
 
 def example_table(datamodule, n: int = 3) -> pd.DataFrame:
