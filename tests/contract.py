@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
+from tsformer.predict import main as predict_main
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer_json
 from tsformer.serving.writers import write_answer
@@ -45,7 +46,7 @@ TINY_REGIME = [o for o in TINY if not o.startswith("data.source")] + [
     "data.source.n_series=8",
     "data.source.n_steps=600",
 ]
-BARE = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # `env -i PATH=/usr/bin:/bin`, one thread
+BARE = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # `env -i PATH=/usr/bin:/bin`, and one thread
 
 
 def plant_csv(folder: Path) -> Path:
@@ -231,7 +232,7 @@ def run_predict_py(command: list[str], trained: Trained, tmp: Path):
     proc = subprocess.run(
         command,
         cwd=elsewhere,
-        env=BARE | {"HOME": str(tmp)},
+        env=BARE,
         capture_output=True,
         text=True,
         timeout=300,
@@ -264,7 +265,7 @@ def serve_one_request(
     serve = Path(sys.executable).parent / "tsformer-serve"
     server = subprocess.Popen(
         [str(serve), str(folder), "--port", str(port)],
-        cwd=tmp, env=BARE | {"HOME": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=tmp, env=BARE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -343,12 +344,18 @@ def test_the_printed_command_runs_from_another_folder_with_a_bare_path(trained, 
     assert not list(answers.elsewhere.iterdir())  # nothing written where it ran
 
 
-def test_predict_py_tsformer_serve_and_pyfunc_answer_what_the_predictor_answers(trained, answers, tmp_path):
+def test_predict_py_tsformer_serve_and_pyfunc_answer_what_the_predictor_answers(
+    trained, answers, tmp_path, capsys
+):
     expected = answers.expected
     status, served = answers.served
     if isinstance(expected, str):  # a model that answers no table: the same one line everywhere
         assert status == 400 and served["message"] == expected, served
         assert "\n" not in expected
+        table, out = tmp_path / "table.csv", tmp_path / "out.csv"
+        answers.table.to_csv(table, index=False)
+        assert predict_main([str(trained.result.model_folder), str(table), "--output", str(out)]) == 2
+        assert capsys.readouterr().err == f"error: {expected}\n" and not out.exists()
         return
     as_read = None
     if trained.job.prediction.written_as_read:  # a completed input table, written as it was read
@@ -407,8 +414,6 @@ def test_a_hostile_folder_of_its_kind_is_one_line_without_allocating_or_running_
     """Copies of the run's model folder, each with one hostile change: refused by predict.py in one line
     (exit 2, nothing written), before more than 1 GB is allocated (a 10**9-wide network is shaped on
     PyTorch's meta device) and without importing the module a `task_class` names (on sys.path here)."""
-    from tsformer.predict import main as predict_main
-
     (tmp_path / f"{MARKER_MODULE}.py").write_text(
         f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Task: ...\n"
     )
