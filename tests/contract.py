@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,9 +32,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, TINY, TINY_ANOMALY, plant_csv_overrides
+from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
+from tsformer.predict import main as predict_main
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer_json
 from tsformer.serving.writers import write_answer
@@ -44,7 +46,7 @@ TINY_REGIME = [o for o in TINY if not o.startswith("data.source")] + [
     "data.source.n_series=8",
     "data.source.n_steps=600",
 ]
-BARE = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # `env -i PATH=/usr/bin:/bin`, one thread
+BARE = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # `env -i PATH=/usr/bin:/bin`, and one thread
 
 
 def plant_csv(folder: Path) -> Path:
@@ -230,7 +232,7 @@ def run_predict_py(command: list[str], trained: Trained, tmp: Path):
     proc = subprocess.run(
         command,
         cwd=elsewhere,
-        env=BARE | {"HOME": str(tmp)},
+        env=BARE,
         capture_output=True,
         text=True,
         timeout=300,
@@ -263,7 +265,7 @@ def serve_one_request(
     serve = Path(sys.executable).parent / "tsformer-serve"
     server = subprocess.Popen(
         [str(serve), str(folder), "--port", str(port)],
-        cwd=tmp, env=BARE | {"HOME": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=tmp, env=BARE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -320,6 +322,9 @@ def test_the_run_is_named_and_tagged_after_its_job_and_writes_its_model_folder(t
     assert the_run.data.tags["job"] == job.name
     assert the_run.info.run_name.startswith(f"{job.name}-{the_run.data.tags['family']}-")
     load_model(result.model_folder)
+    if result.csv_path is not None:  # the job's table under its own artifact folder
+        logged = {a.path for a in client.list_artifacts(result.run_id, result.outputs.logged_under)}
+        assert f"{result.outputs.logged_under}/{result.csv_path.name}" in logged, logged
     experiment = the_run.info.experiment_id
     assert f"{sys.executable} -m mlflow ui --backend-store-uri {uri}" in summary
     assert f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{result.run_id}" in summary
@@ -339,12 +344,18 @@ def test_the_printed_command_runs_from_another_folder_with_a_bare_path(trained, 
     assert not list(answers.elsewhere.iterdir())  # nothing written where it ran
 
 
-def test_predict_py_tsformer_serve_and_pyfunc_answer_what_the_predictor_answers(trained, answers, tmp_path):
+def test_predict_py_tsformer_serve_and_pyfunc_answer_what_the_predictor_answers(
+    trained, answers, tmp_path, capsys
+):
     expected = answers.expected
     status, served = answers.served
     if isinstance(expected, str):  # a model that answers no table: the same one line everywhere
         assert status == 400 and served["message"] == expected, served
         assert "\n" not in expected
+        table, out = tmp_path / "table.csv", tmp_path / "out.csv"
+        answers.table.to_csv(table, index=False)
+        assert predict_main([str(trained.result.model_folder), str(table), "--output", str(out)]) == 2
+        assert capsys.readouterr().err == f"error: {expected}\n" and not out.exists()
         return
     as_read = None
     if trained.job.prediction.written_as_read:  # a completed input table, written as it was read
@@ -365,3 +376,61 @@ def test_tsformer_serve_names_the_job_and_writes_one_line_per_request(trained, a
     assert lines[0].startswith(f"serving the {trained.job.name} model ("), lines
     requests = [line for line in lines if "/invocations" in line and not line.startswith("serving")]
     assert len(requests) == 1, lines
+
+
+# -- a hostile folder of the model's kind ---------------------------------------------------------------
+
+MARKER_MODULE = "tsformer_contract_hostile"  # a module a hostile folder names: importing it writes a file
+
+
+def first_int_hparam(hparams: dict) -> str:
+    return next(k for k, v in hparams.items() if type(v) is int)
+
+
+# name -> (change of the folder's tsformer.json, words the one line holds)
+HOSTILE = {
+    "a wrong type": (
+        lambda c: c["hparams"].update({first_int_hparam(c["hparams"]): "12"}),
+        lambda c: [f"hparams.{first_int_hparam(c['hparams'])} is a string ('12'), expected int"],
+    ),
+    "a huge size": (
+        lambda c: c["hparams"]["net"].update(d_model=10**9),
+        lambda c: ["hparams do not build a network"],
+    ),
+    "an unknown key": (
+        lambda c: c["hparams"].update(colour="red"),
+        lambda c: ["unknown key(s) ['colour'] in hparams"],
+    ),
+    "code to import": (
+        lambda c: c.update(task_class=f"{MARKER_MODULE}.Task"),
+        lambda c: [f"task_class '{MARKER_MODULE}.Task' is not a task of this tsformer"],
+    ),
+}
+
+
+def test_a_hostile_folder_of_its_kind_is_one_line_without_allocating_or_running_code(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """Copies of the run's model folder, each with one hostile change: refused by predict.py in one line
+    (exit 2, nothing written), before more than 1 GB is allocated (a 10**9-wide network is shaped on
+    PyTorch's meta device) and without importing the module a `task_class` names (on sys.path here)."""
+    (tmp_path / f"{MARKER_MODULE}.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Task: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tmp_path / "table.csv"
+    request_table(trained).to_csv(table, index=False)
+    for case, (change, words) in HOSTILE.items():
+        folder = shutil.copytree(trained.result.model_folder, tmp_path / case.replace(" ", "_"))
+        config = json.loads((folder / "tsformer.json").read_text())
+        expected = words(config)
+        change(config)
+        (folder / "tsformer.json").write_text(json.dumps(config))
+        out = tmp_path / "out.csv"
+        with CountAllocations() as counted:
+            assert predict_main([str(folder), str(table), "--output", str(out)]) == 2, case
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, (case, err)
+        assert all(word in err for word in [str(folder / "tsformer.json"), *expected]), (case, err)
+        assert counted.elements * 4 < 10**9, (case, counted.elements)  # float32 numbers: under 1 GB
+        assert not out.exists() and not (tmp_path / "ran").exists() and MARKER_MODULE not in sys.modules, case

@@ -11,6 +11,7 @@ from tsformer.data.simulators import simulate_plant
 from tsformer.jobs.anomaly.detector import check_table, fit_detector
 from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
+from tsformer.tasks.base import RECONSTRUCTIONS
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]
 TINY = {
@@ -155,7 +156,7 @@ def test_labels_and_settings_refused():
 def test_a_detector_refuses_bad_alarm_settings_when_built(setting, message):
     sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 2, "d_known": 0, "d_observed": 0}
     task = ForecastAnomalyDetector if "head" in setting else MaskedAnomalyDetector
-    window = {"context_len": 8, "horizon": 1 if task is ForecastAnomalyDetector else 0}
+    window = {"context_len": 8, "horizon": 0 if task.produces == RECONSTRUCTIONS else 1}
     with pytest.raises(ValueError) as err:
         task(**sizes, **window, **setting)
     assert str(err.value).startswith(message), str(err.value)

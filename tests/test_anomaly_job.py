@@ -18,6 +18,7 @@ from conftest import REPO, TINY_ANOMALY
 from tsformer.data.anomaly import split_at
 from tsformer.data.plant_anomaly import CHANNELS, simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.predict import main as predict_main
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer
 from tsformer.tracking import tracking_uri_for
@@ -106,7 +107,7 @@ def predict(model, data, output, cwd):
     )  # fmt: skip
 
 
-def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path):
+def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys):
     result, _, _ = trained
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5)
     table.to_csv(tmp_path / "new.csv", index=False)
@@ -132,10 +133,16 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path):
         "empty": (holed, "column 'dynamic_pressure', row 11 (counted from 0): empty"),
         "labels": (labels, "column 'label' (data.label_col), row 3 (counted from 0): 7; labels must be 0"),
     }
-    for name, (bad, message) in cases.items():
+    for name, (bad, message) in cases.items():  # in this process: predict.py's process ran above
         bad.to_csv(tmp_path / f"{name}.csv", index=False)
-        done = predict(result.model_folder, tmp_path / f"{name}.csv", tmp_path / f"{name}_out.csv", tmp_path)
-        assert done.returncode == 2, (name, done.stderr)
-        last = done.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: ") and message in last, (name, done.stderr)
+        args = [
+            str(result.model_folder),
+            str(tmp_path / f"{name}.csv"),
+            "--output",
+            str(tmp_path / f"{name}_out.csv"),
+        ]
+        assert predict_main(args) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (name, err)
+        assert not (tmp_path / f"{name}_out.csv").exists()
         assert not (tmp_path / f"{name}_out.csv").exists()

@@ -48,3 +48,23 @@ def test_a_bad_setting_is_one_line_before_any_mlflow_run(name, setting, message,
         run(compose_config(overrides, tmp_path / "out"))
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "m.db").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_every_task_class_declares_what_it_produces_and_refuses_a_horizon_that_does_not_fit():
+    """What a task produces is declared (`produces`), never read from the horizon; a window task's
+    horizon is checked against it when the task is built (a forecaster of 0 rows, a reconstruction of
+    the rows after its window)."""
+    from tsformer.tasks.base import FORECASTS, RECONSTRUCTIONS, WindowTask
+
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 1, "d_known": 1, "d_observed": 0}
+    for job in JOBS.values():
+        for task in job.tasks:
+            assert isinstance(task.produces, str) and task.produces, task
+            if not issubclass(task, WindowTask):
+                continue
+            assert task.produces in (FORECASTS, RECONSTRUCTIONS), task  # what a window task's windows give
+            wrong = 4 if task.produces == RECONSTRUCTIONS else 0
+            with pytest.raises(
+                ValueError, match=f"{task.__name__} produces {task.produces} .*horizon={wrong}"
+            ):
+                task(**sizes, context_len=8, horizon=wrong)

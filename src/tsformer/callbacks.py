@@ -81,7 +81,7 @@ class MLflowRun(Callback):
         own metrics and figures, and its model) and end the run FINISHED (no MLflow run: nothing)."""
         if not self.opened:
             return
-        files = [("forecasts", f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
+        files = [(outputs.logged_under, f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
         if best_ckpt:
             files.append(("checkpoints", Path(best_ckpt)))
         tracking.log_files(self.logger, files)

@@ -44,6 +44,7 @@ from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
+from tsformer.quiet import quiet_library_chatter
 from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
 from tsformer.tasks.setting_groups import task_settings
@@ -154,6 +155,7 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
+    quiet_library_chatter()  # Lightning's tips and the like: nothing a user can act on
     settings.check(cfg)  # first: a setting that cannot work stops the run before data or MLflow
     tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None

@@ -2,8 +2,8 @@
 the model folder it wrote. `JOBS` is the one place that maps a run or a model folder to its job.
 
 A job (`base.Job`) is a module holding
-- `takes_data(datamodule)` and `task_sizes(datamodule)`: the data it runs on and what the task's
-  constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
+- `data_class` (with `data_filter(datamodule)`: `takes_data`) and `task_sizes(datamodule)`: the data
+  it runs on and what the task's constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
 - `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
   folder always; a CSV, an example table for the pyfunc model where it has them; test metrics of its
   own, from those outputs, which the run adds to the test's);

@@ -36,6 +36,7 @@ class RunOutputs:
     # which `train.run` adds to the test's; the job's `log_outputs` logs them
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # what else the job hands on to log_outputs
+    logged_under: str = "forecasts"  # the MLflow run's artifact folder of the CSV (and paths): the job's
 
 
 def _nothing(*args) -> None:
@@ -114,7 +115,7 @@ class Job:
     name: str  # the run name's first word and the MLflow tag `job`
     tasks: tuple[type, ...]  # the task classes it runs (their subclasses too): how a run finds its job
     data: str  # the data it takes, for the error naming a model and data that do not go together
-    takes_data: Callable[[Any], bool]  # whether a set-up data module feeds it
+    data_class: type  # the data module class it takes (`takes_data`)
     task_sizes: Callable[[Any], dict]  # datamodule -> the task's constructor arguments from the data
     write_outputs: Callable[[DictConfig, Any, Any, str | None], RunOutputs]  # cfg, task, datamodule, run id
     log_outputs: Callable[
@@ -125,15 +126,20 @@ class Job:
     prediction: Prediction  # how the inference object answers a table (predict.py, tsformer-serve, pyfunc)
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
+    data_filter: Callable[[Any], bool] = lambda datamodule: True  # what else its data module must be
+
+    def takes_data(self, datamodule) -> bool:
+        """Whether a set-up data module feeds it: one of `data_class`, passing `data_filter`."""
+        return isinstance(datamodule, self.data_class) and self.data_filter(datamodule)
 
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
-FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
+FUNCTIONS = ("data_filter", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
 
 
 def job_of_module(module_name: str, **fields) -> Job:
-    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `prepare_task` may
-    be left out), with the other `fields` given."""
+    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `data_filter` and
+    `prepare_task` may be left out), with the other `fields` given."""
     module = sys.modules[module_name]
     return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 

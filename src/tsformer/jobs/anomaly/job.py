@@ -33,10 +33,6 @@ from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetecto
 ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, AnomalyData)
-
-
 def task_sizes(datamodule) -> dict:
     """The channels are the detector's targets; it takes no covariates."""
     return {
@@ -71,7 +67,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         compared = baselines(int(cfg.seed))
         metrics |= beside_baselines(datamodule, rows, compared)
     return RunOutputs(
-        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics,
+        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
     )  # fmt: skip
 
@@ -107,7 +103,7 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     """The alarms' metrics, the events table and the two figures."""
     for name, value in outputs.metrics.items():
         logger.experiment.log_metric(logger.run_id, name, value)
-    tracking.log_files(logger, [("forecasts", outputs.details["events_path"])])
+    tracking.log_files(logger, [(outputs.logged_under, outputs.details["events_path"])])
     beside_csv = Path(cfg.paths.output_dir)
     for path, figure in figures(outputs.forecasts, outputs.details["scores"]).items():
         tracking.log_figure(logger, figure, path, beside_csv)
@@ -157,6 +153,7 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
 
 JOB = job_of_module(
     __name__,
+    data_class=AnomalyData,
     folders=(FOLDER,),
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),

@@ -25,8 +25,8 @@ from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, ClassificationData) and not datamodule.pretraining
+def data_filter(datamodule) -> bool:
+    return not datamodule.pretraining  # pre-training's data: its own job
 
 
 def task_sizes(datamodule) -> dict:
@@ -51,7 +51,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     folder = save_classifier_folder(output_dir / "model", task, datamodule, info)
-    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule))
+    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule), logged_under="classes")
 
 
 def example_table(datamodule, n: int = 3) -> pd.DataFrame:
@@ -158,6 +158,7 @@ def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str
 
 JOB = job_of_module(
     __name__,
+    data_class=ClassificationData,
     folders=(FOLDER, ENSEMBLE),
     name="classification",
     tasks=(ClassificationTask,),

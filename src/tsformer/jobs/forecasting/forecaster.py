@@ -20,7 +20,7 @@ The result has the columns of training's forecasts CSV (`export.COLUMNS`, and `q
 `model.head.levels` with a distribution head); `y_true` holds the file's target values at the
 forecast times when there are any (backtesting), else NaN.
 
-Reconstruction models (horizon 0) rebuild the targets of every row from the inputs of its window:
+Reconstruction models (`task.reconstructs`) rebuild the targets of every row from the inputs of its window:
 windows tile each gap-free run of rows; the last one is aligned to the run's end.
 """
 
@@ -393,7 +393,7 @@ class Forecaster:
         def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:
             return torch.as_tensor(values[idx[:, lo:hi]], dtype=torch.float32)  # (W, hi - lo, D)
 
-        batch = {  # a reconstruction window (m = 0) is all "history"
+        batch = {  # a reconstruction window (no horizon: m = 0) is all "history"
             "hist_target": part(rows.target, 0, n),
             "hist_known": part(rows.known, 0, n),
             "hist_observed": part(rows.observed, 0, n),
@@ -404,7 +404,7 @@ class Forecaster:
             "static_num": torch.as_tensor(rows.static_num[starts]),  # (W, S_num)
             "static_cat": torch.as_tensor(rows.static_cat[starts]),  # (W, S_cat)
         }
-        if m == 0:  # reconstruction reads only the inputs: blank the targets for the same reason
+        if self.task.reconstructs:  # it reads only the inputs: blank the targets for the same reason
             batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))
         return batch, times
 
@@ -420,9 +420,8 @@ class Forecaster:
     def _frame(self, clean, windows, times: np.ndarray, pred: np.ndarray) -> pd.DataFrame:
         """Rows as in training's CSV: window -> step -> variable."""
         c = self.contract
-        n, m = c.context_len, c.horizon
         W, T, Dy = pred.shape
-        first = n if m > 0 else 0
+        first = 0 if self.task.reconstructs else c.context_len  # the first target row of a window
         target_rows = np.array([w[1] for w in windows])[:, None] + first + np.arange(T)  # (W, T)
         truth = clean[c.target_cols].to_numpy(np.float64)[target_rows]  # (W, T, Dy), NaN where empty
         truth[clean["_filled"].to_numpy()[target_rows]] = np.nan  # filled in for a gap: not a measurement
@@ -437,7 +436,7 @@ class Forecaster:
                 "series_id": sids[w_idx],
                 "origin_time": clean[c.time_col].to_numpy()[origin_pos][w_idx],
                 "target_time": times[:, first:][w_idx, t_idx],
-                "step": t_idx + (1 if m > 0 else 0),
+                "step": t_idx + (0 if self.task.reconstructs else 1),
                 "variable": np.asarray(c.target_cols, dtype=object)[v_idx],
                 "y_true": truth[w_idx, t_idx, v_idx],
                 "y_pred": pred[w_idx, t_idx, v_idx],
@@ -481,14 +480,14 @@ def example_rows(datamodule) -> pd.DataFrame:
     return frame.iloc[last.stop - n - m : last.stop][schema.columns].reset_index(drop=True)
 
 
-def example_table(datamodule) -> pd.DataFrame:
+def example_table(datamodule, reconstructs: bool) -> pd.DataFrame:
     """A prediction input as a user would lay it out, cut from the data module's table (`example_rows`),
-    with the future rows' targets and past-only covariates emptied (for reconstruction: one window,
-    its targets emptied)."""
-    schema, n, m = datamodule.schema, datamodule.context_len, datamodule.horizon
+    with the future rows' targets and past-only covariates emptied (a reconstruction model's,
+    `reconstructs`: one window, its targets emptied)."""
+    schema, n = datamodule.schema, datamodule.context_len
     table = example_rows(datamodule)
-    if m > 0:
-        table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
-    else:
+    if reconstructs:
         table.loc[:, schema.target_cols] = np.nan
+    else:
+        table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
     return table

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tsformer import tracking
 from tsformer.data.datamodule import TimeSeriesDataModule
+from tsformer.data.fetch import simulate_command
 from tsformer.jobs.base import (
     ORIGIN,
     TIME_FORMAT,
@@ -53,10 +54,6 @@ from tsformer.tasks.probabilistic import BAND_LEVELS
 
 WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled units), in window order
 DATA = "a forecasting or reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec"
-
-
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, TimeSeriesDataModule)
 
 
 def task_sizes(datamodule) -> dict:
@@ -104,7 +101,12 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example_table(datamodule))
+    example = example_table(datamodule, task.reconstructs)
+    # a new table for it, when it trained on a simulated data set: as many future rows as it forecasts
+    future_steps = 0 if task.reconstructs else datamodule.horizon
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    new_data = simulate_command(data, future_steps, datamodule.context_len + datamodule.horizon)
+    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example, details={"new_data": new_data})
 
 
 def _quantiles(task, levels: list[float]) -> tuple:
@@ -201,6 +203,8 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     )
     if outputs.paths_path is not None:
         lines.append(f"sampled paths: {outputs.paths_path.resolve()}")
+    if outputs.details.get("new_data"):
+        lines.append(f"a new table for it: {outputs.details['new_data']}")
     return lines
 
 
@@ -223,6 +227,7 @@ def report(model: Forecaster, forecasts: pd.DataFrame, written: list[Path]) -> s
 
 JOB = job_of_module(
     __name__,
+    data_class=TimeSeriesDataModule,
     folders=(FOLDER,),
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),

@@ -192,6 +192,7 @@ def write_outputs(cfg, task, datamodule, run_id: str | None) -> RunOutputs:
     targets = datamodule.schema.target_cols
     example[targets] = example[targets].mask(np.arange(len(example))[:, None] % 3 == np.arange(len(targets)))
     outputs.example = example
+    outputs.details["new_data"] = None  # a simulated table has no gaps to fill
     return outputs
 
 

@@ -37,8 +37,8 @@ PRETRAINING_ONLY = (
 task_sizes = classification.task_sizes  # the classifier's, so that its fine-tuning takes the weights
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, ClassificationData) and datamodule.pretraining
+def data_filter(datamodule) -> bool:
+    return datamodule.pretraining
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
@@ -74,6 +74,7 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
 
 JOB = job_of_module(
     __name__,
+    data_class=ClassificationData,
     folders=(FOLDER,),
     name="pretraining",
     tasks=(MaskedPretraining,),
