@@ -2,7 +2,7 @@
 series, the rows before `train_end` assumed normal.
 
 Per series (told apart by a `series_id` column; without one the table is one series):
-- the rows before `train_end` (a time, or a fraction of each series' rows) are normal: the first
+- the rows before `train_end` (a time, a fraction of each series' rows, or a number of its first rows) are normal: the first
   (1 - `val_fraction`) of them train the model (`train_table`), the rest (`val_table`) are held out:
   the validation loss, each channel's usual error and the alarms' threshold are measured on them;
 - the rows from `train_end` on are judged (`test_table`).
@@ -10,7 +10,9 @@ A label column (`label_col`), when the table has one, is checked (0 or 1) and on
 evaluate the judged rows: it is never a model input, nor used for training or the threshold.
 
 Values enter the network standardised by the train rows' mean and sd per channel (`loc`, `scale`),
-never per window: a level that drifted away is what a detector must see. Windows of `context_len +
+never per window: a level that drifted away is what a detector must see. A state channel
+(`state_channels`: every train value is 0 or 1, a command or a switch) enters as it is: z-scored, a
+rare toggle would be a jump of many sd that drowns the measured channels. Windows of `context_len +
 horizon` rows, stride 1, never cross series; the batches are those of the window tasks
 (`hist_target`, ..., `window`), without covariates.
 """
@@ -76,12 +78,25 @@ def check_labels(table: pd.DataFrame, label_col: str | None) -> None:
         )
 
 
+def state_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1: states
+    (a command, a switch, a valve open or shut), not measurements. A channel constant at 0 or 1 in the
+    train rows is a state too (a command never given there); any other level makes a measurement."""
+    values = np.asarray(values, dtype=float)
+    return ((values == 0.0) | (values == 1.0)).all(axis=0)
+
+
 def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(normal rows, judged rows): before `train_end` (a time, or a fraction of each series' rows)."""
+    """(normal rows, judged rows): before `train_end` (a time, a fraction of each series' rows, or a
+    whole number of each series' first rows)."""
     if isinstance(train_end, float) and 0.0 < train_end < 1.0:
         before = np.zeros(len(table), dtype=bool)
         for rows in series_rows(table).values():
             before[rows[: round(train_end * len(rows))]] = True
+    elif isinstance(train_end, int | np.integer) and not isinstance(train_end, bool):
+        before = np.zeros(len(table), dtype=bool)
+        for rows in series_rows(table).values():
+            before[rows[: int(train_end)]] = True
     else:
         if time_col not in table.columns:
             raise DataValidationError(
@@ -168,18 +183,14 @@ class AnomalyData(L.LightningDataModule):
         self.tables: dict[str, pd.DataFrame] = {}
         self.datasets: dict[str, AnomalyWindows] = {}
 
-    @classmethod
-    def of_tables(
-        cls, train: pd.DataFrame, val: pd.DataFrame, channels: list[str], **settings
-    ) -> AnomalyData:
-        """Set up from normal rows already split (`fit_detector`): the validation rows serve as the test."""
-        data = cls(None, target_cols=channels, **settings)
-        data.set_tables(train, val, val)
-        return data
-
     @property
     def window(self) -> int:
         return self.context_len + self.horizon
+
+    @property
+    def state_names(self) -> list[str]:
+        """The channels read as states (`state_channels`) from the train rows."""
+        return [c for c, state in zip(self.channels, self.states, strict=True) if state]
 
     def setup(self, stage: str | None = None) -> None:
         """Read, check and split the table, standardise, window. Idempotent."""
@@ -195,9 +206,10 @@ class AnomalyData(L.LightningDataModule):
         check_table(val, self.channels, self.window, "validation rows")
         check_table(test, self.channels, self.window, "judged rows")
         values = train[self.channels].to_numpy(dtype=float)
-        self.loc = values.mean(axis=0)  # (C,)
+        self.states = state_channels(values)  # (C,) bool: entered as they are
+        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,)
         sd = values.std(axis=0)
-        self.scale = np.where(sd > 1e-8, sd, 1.0)  # a constant channel: 1
+        self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1
         self.tables = dict(zip(SPLITS, (train, val, test), strict=True))
         self.datasets = {
             split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon)
