@@ -14,7 +14,7 @@ import pytest
 from anomaly_datasets import SKAB_CHANNELS, SKAB_FOLDERS, SKAB_TRAIN_ROWS
 
 from conftest import REPO
-from tsformer.jobs.anomaly.baselines import HotellingT2
+from tsformer.jobs.anomaly.baselines import HotellingT2, baselines
 
 
 def skab_folder(root, rows: int = 520) -> None:
@@ -79,15 +79,7 @@ def test_the_detector_trains_as_train_py_does_on_train_rows_without_labels(tmp_p
     text = results.read_text()
     assert text.startswith("notes before\n<!-- table skab-forecast -->\n### skab, method forecast")
     assert text.endswith("<!-- /table skab-forecast -->\nnotes after\n") and "\nold\n" not in text
-    peers = (
-        "hotelling_t2",
-        "pca_residual",
-        "isolation_forest",
-        "random",
-        "window_memory",
-        "pca_residual_window",
-    )
-    for method in ("ours (forecast)", *peers, "kmeans_ad"):
+    for method in ("ours (forecast)", *(b.name for b in baselines()), "kmeans_ad"):
         assert f"| {method} | " in text
 
 

@@ -35,7 +35,7 @@ CLASSIFICATION |= ARCHIVE
 
 
 # the anomaly job's data, detectors and experiment (tsformer.jobs.anomaly.job)
-ANOMALY = {"plant_anomaly", "enc_only_anomaly", "dec_only_anomaly"}
+ANOMALY = {"plant_anomaly", "anomaly_benchmark", "enc_only_anomaly", "dec_only_anomaly"}
 
 
 def options(group: str, job: str = "forecasting") -> list[str]:
@@ -140,6 +140,7 @@ def test_each_experiment(experiment, in_tmp):
 def test_each_anomaly_experiment_with_each_detector(experiment, model, in_tmp):
     """Each builds its labelled table's data and the detector sized for it: the label is no channel."""
     small = ["data.source.n_steps=1400", "data.source.test_fraction=0.5", "data.train_end=0.5"]
+    small.append("data.label_col=label")  # anomaly_benchmark reads none: its script keeps the labels
     cfg = compose_config([f"experiment={experiment}", f"model={model}", *small], in_tmp / "out")
     dm = instantiate(cfg.data)
     dm.setup()

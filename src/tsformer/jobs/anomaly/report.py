@@ -189,7 +189,7 @@ def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str
     import matplotlib.pyplot as plt
 
     groups = list(series_rows(rows).items())[:max_series]
-    fig_s, axes_s = plt.subplots(len(groups), 1, figsize=(11, 2.8 * len(groups)), squeeze=False)
+    fig_s, axes_s = plt.subplots(len(groups), 1, figsize=(11, 3.0 * len(groups)), squeeze=False)
     fig_c, axes_c = plt.subplots(len(groups), 1, figsize=(11, 0.8 + 0.35 * len(scores.channels) * len(groups)),
                                  squeeze=False)  # fmt: skip
     colours = plt.get_cmap("tab10")
@@ -197,8 +197,11 @@ def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str
         x, xlabel = _time_axis(rows, at)
         span = (x[-1] - x[0]) if len(x) > 1 else 1
         least = span / 200  # an event of one row stays visible: at least 0.5 % of the axis wide
-        ax.plot(x, rows["score"].to_numpy()[at], lw=0.8, color="tab:blue", label="score", zorder=3)
-        ax.axhline(rows["threshold"].iloc[0], color="k", ls="--", lw=0.8, label="threshold", zorder=4)
+        threshold = float(rows["threshold"].iloc[0])
+        floor = 1e-3 * threshold if threshold > 0 else 1e-6  # a log axis: a score of 0 drawn at its foot
+        ax.plot(x, np.maximum(rows["score"].to_numpy()[at], floor), lw=0.8, color="tab:blue", label="score",
+                zorder=3)  # fmt: skip
+        ax.axhline(threshold, color="k", ls="--", lw=0.8, label="threshold", zorder=4)
         event = rows["event_id"].to_numpy(dtype=float, na_value=-1)[at]
         for n, e in enumerate(np.unique(event[event >= 0]).astype(int)):
             inside = np.flatnonzero(event == e)
@@ -213,16 +216,16 @@ def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str
                 middle, half = x[a] + (x[b] - x[a]) / 2, max((x[b] - x[a]) / 2, least / 2)
                 ax.axvspan(middle - half, middle + half, ymin=0.92, ymax=1.0, color="red", lw=0, zorder=5,
                            label="labelled incident" if k == 0 else None)  # fmt: skip
-        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_yscale("log")
         ax.set_ylabel("anomaly score")
         ax.set_xlabel(xlabel)
-        ax.set_title(f"series {sid}", fontsize=9)
-        ax.legend(loc="upper left", fontsize=7, ncol=4, framealpha=0.8)
+        ax.set_title(f"series {sid}", fontsize=9, loc="right")
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, ncol=6, frameon=False)
         image = axc.imshow(np.log1p(scores.contributions[at].T), aspect="auto", interpolation="nearest",
                            cmap="magma", extent=(0, len(at), len(scores.channels) - 0.5, -0.5))  # fmt: skip
         axc.set_yticks(range(len(scores.channels)), scores.channels, fontsize=7)
         ticks = np.linspace(0, len(at) - 1, 6).astype(int)
-        axc.set_xticks(ticks + 0.5, [str(v)[:16] for v in np.asarray(x)[ticks]], fontsize=7)
+        axc.set_xticks(ticks + 0.5, [str(v)[:16].replace("T", " ") for v in np.asarray(x)[ticks]], fontsize=7)
         axc.set_xlabel(xlabel)
         axc.set_title(f"series {sid}: each channel's share of the score, log(1 + contribution)", fontsize=9)
         fig_c.colorbar(image, ax=axc)
