@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest import TINY_ANOMALY
-from tsformer.data.anomaly import AnomalyData, check_table, state_channels
+from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows, state_channels
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
@@ -71,6 +71,21 @@ def test_the_state_channel_rule_and_the_data_leave_states_as_they_are():
     assert data.state_names == ["a", "b"]
     assert data.loc[:2].tolist() == [0.0, 0.0] and data.scale[:2].tolist() == [1.0, 1.0]  # not z-scored
     assert data.scale[2] != 1.0
+
+
+def test_validation_blocks_spread_over_the_normal_rows_and_no_window_crosses_a_piece():
+    table = pd.DataFrame({"series_id": np.repeat(["a", "b"], 100), "x": np.arange(200.0)})
+    train, val = split_normal_rows(table, 0.2, blocks=4)
+    # each series: 4 blocks of 25 rows, the last 5 of each held out
+    assert val["x"].tolist() == [
+        v + 25 * k + 100 * s for s in (0, 1) for k in range(4) for v in range(20, 25)
+    ]
+    assert len(series_rows(train)) == len(series_rows(val)) == 8
+    data = AnomalyData(table, target_cols=["x"], context_len=5, train_end=1.0 - 1e-9, val_blocks=4)
+    data.set_tables(train, val, val)
+    windows = [data.datasets["train"][i]["hist_target"][:, 0] for i in range(len(data.datasets["train"]))]
+    assert len(windows) == 8 * (20 - 5 + 1)  # never across the 5 held-out rows between two pieces
+    assert all(np.allclose(np.diff(w.numpy()) * data.scale[0], 1.0) for w in windows)
 
 
 # -- the trained detector ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@ series, the rows before `train_end` assumed normal.
 Per series (told apart by a `series_id` column; without one the table is one series):
 - the rows before `train_end` (a time, a fraction of each series' rows, or a number of its first rows) are normal: the first
   (1 - `val_fraction`) of them train the model (`train_table`), the rest (`val_table`) are held out:
-  the validation loss, each channel's usual error and the alarms' threshold are measured on them;
+  the validation loss, each channel's usual error and the alarms' threshold are measured on them
+  (`val_blocks` > 1: the held-out share of each of that many blocks, spread over the normal period);
 - the rows from `train_end` on are judged (`test_table`).
 A label column (`label_col`), when the table has one, is checked (0 or 1) and only ever read to
 evaluate the judged rows: it is never a model input, nor used for training or the threshold.
@@ -29,15 +30,20 @@ from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import load_table
 
 SERIES_COL = "series_id"
+SEGMENT_COL = "_segment"  # the piece of a series' normal rows a row belongs to (validation blocks)
 SPLITS = ("train", "val", "test")
 VAL_FRACTION = 0.2  # of each series' normal rows held out when no validation rows are given
 
 
 def series_rows(table: pd.DataFrame) -> dict:
-    """Positions of each series' rows in `table` (one series, key None, without a series_id column)."""
-    if SERIES_COL not in table.columns:
+    """Positions of each series' rows in `table` (one series, key None, without a series_id column); a
+    series of normal rows cut into pieces (`SEGMENT_COL`, `split_normal_rows` with blocks) gives one
+    entry per piece, keyed (series, piece): windows never cross from one piece to the next."""
+    keys = [c for c in (SERIES_COL, SEGMENT_COL) if c in table.columns]
+    if not keys:
         return {None: np.arange(len(table))}
-    codes, uniques = pd.factorize(table[SERIES_COL], sort=False)
+    key = table[keys[0]] if len(keys) == 1 else pd.MultiIndex.from_frame(table[keys])
+    codes, uniques = pd.factorize(key, sort=False)
     return {sid: np.flatnonzero(codes == i) for i, sid in enumerate(uniques)}
 
 
@@ -109,15 +115,22 @@ def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFram
 
 
 def split_normal_rows(
-    train: pd.DataFrame, fraction: float = VAL_FRACTION
+    train: pd.DataFrame, fraction: float = VAL_FRACTION, blocks: int = 1
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The first (1 - fraction) of each series' rows to train on, the rest held out."""
+    """Each series' rows cut into `blocks` equal blocks; the first (1 - fraction) of each block to train
+    on, the rest held out (one block: the last share of the series). With several blocks the held-out
+    rows are spread over the normal period, and each piece is marked (`SEGMENT_COL`) so that no window
+    crosses from one piece to another."""
     keep, held = [], []
     for rows in series_rows(train).values():
-        cut = len(rows) - max(1, round(fraction * len(rows)))
-        keep.append(rows[:cut])
-        held.append(rows[cut:])
-    return train.iloc[np.concatenate(keep)], train.iloc[np.concatenate(held)]
+        for block in np.array_split(rows, blocks):
+            cut = len(block) - max(1, round(fraction * len(block)))
+            keep.append(block[:cut])
+            held.append(block[cut:])
+    if blocks == 1:
+        return train.iloc[np.concatenate(keep)], train.iloc[np.concatenate(held)]
+    pieces = [train.iloc[part].assign(**{SEGMENT_COL: i}) for i, part in enumerate(keep + held)]
+    return pd.concat(pieces[: len(keep)]), pd.concat(pieces[len(keep) :])
 
 
 class AnomalyWindows(Dataset):
@@ -161,6 +174,7 @@ class AnomalyData(L.LightningDataModule):
         label_col: str | None = None,
         train_end=0.7,
         val_fraction: float = VAL_FRACTION,
+        val_blocks: int = 1,
         batch_size: int = 64,
         eval_batch_size: int = 256,
         num_workers: int = 0,
@@ -170,6 +184,9 @@ class AnomalyData(L.LightningDataModule):
         super().__init__()
         if not 0.0 < float(val_fraction) < 1.0:
             raise ValueError(f"val_fraction={val_fraction}: a share of the normal rows, between 0 and 1")
+        if int(val_blocks) < 1:
+            raise ValueError(f"val_blocks={val_blocks}: at least 1 (1: the last share of each series)")
+        self.val_blocks = int(val_blocks)
         self.source, self.name = source, name
         self.channels = [str(c) for c in target_cols]
         self.context_len, self.horizon = int(context_len), int(horizon)
@@ -199,7 +216,7 @@ class AnomalyData(L.LightningDataModule):
         table = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
         check_labels(table, self.label_col)
         normal, judged = split_at(table, self.train_end, self.time_col)
-        self.set_tables(*split_normal_rows(normal, self.val_fraction), judged)
+        self.set_tables(*split_normal_rows(normal, self.val_fraction, self.val_blocks), judged)
 
     def set_tables(self, train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame) -> None:
         check_table(train, self.channels, self.window, "train rows")
