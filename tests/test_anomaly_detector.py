@@ -12,9 +12,9 @@ from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_n
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
-from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.model_folder import ModelInfo
+from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 from tsformer.train import compose_config, fit_task
 

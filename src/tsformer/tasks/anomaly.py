@@ -7,7 +7,9 @@ windows every `stride` rows (`data.window_scores`):
 - `window`: the mean of the scores of the windows that cover it (a window's score: the mean over its
   rows), or, with `causal`, of the windows that end at or before it within a window's length;
 - `own`: the mean of its own part in each window that covers it, or, with `causal`, its part in the
-  window that ends at it (never a later row).
+  window that ends at it (never a later row);
+- `value` (how issue 34's detectors scored, and their model folders still read): each value's raw
+  error is averaged over the windows covering it, then scaled (the score does not sum over a window).
 The channels with the largest contributions are a row's top channels. State channels (`state_channels`: every train value 0 or 1, `data.anomaly`) enter as they
 are, are never hidden nor forecast, and are not scored by restoration or forecast.
 
@@ -37,7 +39,7 @@ row of a series has no past: its surprise is 0.
 Values enter standardised by the train rows' mean and sd (`set_standardisation`), never per window.
 `prepare_scoring(train, val)` (the test's start) builds the memory from the train rows, calibrates on
 the validation rows (the error scales, the hybrid's medians, the threshold at `false_alarm_rate` of
-their scores, `jobs.anomaly.alarms`), then adds the validation rows' windows to the memory (the
+their scores, `tasks.alarms`), then adds the validation rows' windows to the memory (the
 validation windows' distances were measured to the train rows' windows alone: a window is never its
 own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows, and
 `test/threshold`.
@@ -59,14 +61,17 @@ from tsformer.data.window_scores import (
     rows_of_windows,
 )
 from tsformer.nn.masking import draw_mask
+from tsformer.tasks.alarms import EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
-EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `alarms.EventRule`'s defaults
+EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
-ROW_SCORES = ("window", "own")  # a row's score: its covering windows' scores, or its own part in them
+# a row's score: its covering windows' scores, its own part in them, or (issue 34's folders) each of its
+# values' raw errors over the covering windows, scaled after
+ROW_SCORES = ("window", "own", "value")
 CHUNK = 256  # windows per network call while scoring
 PROJECTION = 128  # dimensions of the random projection the coreset is chosen in
 
@@ -114,7 +119,6 @@ class AnomalyScoring:
         threshold_confidence: float | None,
         state_channels: list[str] | None,
     ) -> None:
-        from tsformer.jobs.anomaly.alarms import EventRule  # the anomaly package imports these tasks
 
         if score not in self.scores:
             raise ValueError(f"score={score!r}: {type(self).__name__} scores by one of {list(self.scores)}")
@@ -189,7 +193,7 @@ class AnomalyScoring:
     def standardised(self, table: pd.DataFrame) -> np.ndarray:
         """`(T, C)` float32 values of `table`'s channels, standardised by the train rows."""
         loc, scale = self.channel_loc.cpu().numpy(), self.channel_scale.cpu().numpy()
-        return ((table[self.channels].to_numpy(dtype=float) - loc) / scale).astype(np.float32)
+        return ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
 
     # -- scoring ----------------------------------------------------------------------------------
 
@@ -200,8 +204,12 @@ class AnomalyScoring:
         raise NotImplementedError
 
     def to_rows(self, parts: np.ndarray, starts: np.ndarray, n_rows: int, causal: bool) -> np.ndarray:
-        """Row contributions `(n_rows, C)` of window contributions `(W, L, C)` (`row_score`)."""
-        if self.hparams.row_score == "own":
+        """Row contributions `(n_rows, C)` of window contributions `(W, L, C)` (`row_score`); with
+        `value`, raw errors `(K, W, L, C)` are first averaged over the covering windows, then scaled."""
+        if self.hparams.row_score == "value" and parts.ndim == 4:
+            raw = np.stack([rows_of_window_rows(kind, starts, n_rows, causal) for kind in parts])  # (K, T, C)
+            return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
+        if self.hparams.row_score in ("own", "value"):
             return rows_of_window_rows(parts, starts, n_rows, causal)
         to_rows = causal_rows_of_windows if causal else rows_of_windows
         return to_rows(parts.mean(axis=1), starts, parts.shape[1], n_rows)
@@ -258,8 +266,6 @@ class AnomalyScoring:
     def calibrate(self, val: pd.DataFrame) -> np.ndarray:
         """The error scales, the hybrid's medians and the threshold from the held-out normal rows
         `val`; returns their scores."""
-        from tsformer.jobs.anomaly.alarms import calibrate_threshold
-
         check_table(val, self.channels, max(self.window, self.window_length), "validation rows")
         self.calibrate_errors(val)
         parts = self.row_parts(val)
@@ -553,8 +559,12 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         return err.double().cpu().numpy()
 
     def restoration_contributions(self, windows: torch.Tensor) -> np.ndarray:
-        """`(W, N, C)`: each scored value's scaled error, / the scored channels."""
-        return self.scaled_errors(self.restoration_errors(windows)) / max(1, int((~self.is_state).sum()))
+        """`(W, N, C)`: each scored value's scaled error, / the scored channels (`row_score=value`: the
+        raw errors `(K, W, N, C)`, scaled once averaged over the covering windows, `to_rows`)."""
+        raw = self.restoration_errors(windows)
+        if self.hparams.row_score == "value":
+            return raw
+        return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
 
     def calibrate_errors(self, val: pd.DataFrame) -> None:
         if "restoration" not in self.parts:
@@ -564,9 +574,12 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
             for at in series_rows(val).values():
                 values = self.standardised(val.iloc[at])
                 starts = covering_window_starts(len(at), self.window_length, self.stride)
-                raw.append(self.restoration_errors(self.windows_of(values, starts)))
-        raw = np.concatenate(raw, axis=1)  # (K, W, N, C)
-        quantiles = np.quantile(raw.reshape(len(raw), -1, raw.shape[-1]), ERROR_QUANTILE, axis=1)  # (K, C)
+                errors = self.restoration_errors(self.windows_of(values, starts))  # (K, W, N, C)
+                if self.hparams.row_score == "value":  # each value's error over its covering windows
+                    errors = np.stack([rows_of_window_rows(k, starts, len(at)) for k in errors])  # (K, T, C)
+                raw.append(errors.reshape(len(errors), -1, errors.shape[-1]))
+        raw = np.concatenate(raw, axis=1)  # (K, values, C)
+        quantiles = np.quantile(raw, ERROR_QUANTILE, axis=1)  # (K, C)
         self.error_scale.copy_(torch.as_tensor(relative_floor(quantiles, ~self.is_state)))
 
 

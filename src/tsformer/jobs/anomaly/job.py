@@ -23,11 +23,12 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.anomaly import AnomalyData, series_rows
+from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
-from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
+from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.report import evaluate, figures, report_lines
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
@@ -74,10 +75,8 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
         compared = baselines(int(cfg.seed))
         metrics |= beside_baselines(datamodule, rows, scores, compared)
-    example = example_table(datamodule)
     return RunOutputs(
-        folder, rows_path, rows, example=example, example_forecasts=model.predict(example, source="example"),
-        optional_inputs=tuple(c for c in [datamodule.label_col] if c in example.columns), metrics=metrics,
+        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics,
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
                  "report": report_lines(rows, events, model.false_alarm_rate, task.state_names)},
     )  # fmt: skip
@@ -152,22 +151,31 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-def predict(model: AnomalyModel, table: pd.DataFrame, args) -> str:
-    """predict.py: `table` judged, its rows written to `args.output` and its events beside them
-    (`<output stem>_events.csv`); what was written, in one line."""
-    rows, events, _ = model.judge(table, str(args.data))
-    path = write_csv(rows, args.output).resolve()
-    events_path = write_csv(events, path.with_name(f"{path.stem}_events.csv"))
-    report = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
-    return "\n".join([*report, f"rows CSV: {path}", f"events CSV: {events_path}"])
+def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The judged rows of `table`, its times read; its events beside them (`attrs["beside"]`, which
+    predict.py writes to `<output stem>_events.csv`)."""
+    time_col = model.time_col
+    if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
+        table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
+    rows, events, _ = model.judge(table, source)
+    rows.attrs["beside"] = {"events": events}
+    return rows
 
 
-load = AnomalyModel.load  # the inference object predict.py uses
+def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
+    """What predict.py prints: the judged table's events, labelled incidents and alarm rate as the run's
+    summary gives them (`report.report_lines`), and the files written."""
+    events = rows.attrs["beside"]["events"]
+    lines = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    return "\n".join([*lines, *(f"written: {path}" for path in written)])
+
 
 JOB = job_of_module(
     __name__,
+    folders=(FOLDER,),
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
+    prediction=Prediction(answer, report),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

@@ -3,11 +3,12 @@ is judged (per row `series_id, time, score, threshold, alarm, event_id, top_chan
 when the table has one; per event `event_id, series_id, start, end, n_rows, peak_score, peak_time,
 top_channels`), and its model folder (what an engineer reads of it, its evaluation and figures: `report.py`).
 
-The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-2`, the detector task's class and
-hyperparameters: its score, the channels read as states, the memory's size; the table's columns) and
-`weights.pt` (the task's state dict: the network, the train rows' mean and sd per channel, the channels'
-usual errors, the memory of normal windows and the threshold). Loading it runs no code. A folder of
-format `anomaly-1` (scored row by row, before issue 41) is refused in one line: train it again.
+The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-3`: `FOLDER`, the detector task's
+class and hyperparameters: its score, how rows are scored, the channels read as states, the memory's
+size; the table's columns) and `weights.pt` (the task's state dict: the network, the train rows' mean and
+sd per channel, the channels' usual errors, the memory of normal windows and the threshold). Loading it
+runs no code. Folders of formats `anomaly-1` and `anomaly-2` (issue 34's detectors, scored value by
+value) read with `row_score: value` and an empty memory: they score as they did.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
-from tsformer.jobs.anomaly.alarms import EventRule, events_of
-from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
+from tsformer.tasks.alarms import EventRule, events_of
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 
-FORMAT = "anomaly-2"
 N_TOP = 3  # top contributing channels per row and event
 
 
@@ -37,44 +38,9 @@ class AnomalyContract:
     csv: dict = field(default_factory=dict)  # the training CSV's read options
 
 
-@dataclass
-class AnomalyConfig:
-    """An anomaly model's `tsformer.json`: every key written, and required when read."""
-
-    format: str
-    task_class: str  # module.qualname of a detector task (tsformer.tasks.anomaly)
-    hparams: dict
-    data: AnomalyContract
-    info: ModelInfo
-
-
-def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") == "anomaly-1":
-        raise ModelFolderError(
-            f"{path}: format 'anomaly-1', an anomaly model of an earlier tsformer whose scores were made row by "
-            f"row; this tsformer scores windows ({FORMAT!r}): train it again (python train.py ...)"
-        )
-    if config.get("format") != FORMAT:
-        raise ModelFolderError(
-            f"{path}: format {config.get('format')!r}, this tsformer reads anomaly model folders of format "
-            f"{FORMAT!r}: {RESTORE}"
-        )
-
-
 def _check_contract(contract: AnomalyContract, hparams: dict, path: Path) -> None:
     if len(hparams.get("target_names") or []) != hparams.get("d_target"):
         raise ModelFolderError(f"{path}: hparams.target_names must name the d_target channels: {RESTORE}")
-
-
-FOLDER = FolderKind(
-    name="anomaly model",
-    schema=AnomalyConfig,
-    tasks=(AnomalyScoring,),
-    header=lambda: {"format": FORMAT},
-    check_header=_check_format,
-    contract_of=lambda data: AnomalyContract(**data),
-    check_contract=_check_contract,
-)
 
 
 @dataclass
@@ -104,14 +70,6 @@ class AnomalyModel:
     def load(cls, folder: str | Path) -> AnomalyModel:
         """The model in `folder`, checked (`model_folder.read`)."""
         return cls.of_task(*model_folder.read(folder, FOLDER))
-
-    def predict(
-        self, table: pd.DataFrame, origin=None, source: str = "table", time_format=None
-    ) -> pd.DataFrame:
-        """The per-row table of `table` (`judge`); `origin` does not apply (every row is judged)."""
-        if origin is not None:
-            raise ValueError(f"origin={origin}: an anomaly model judges every row; give no origin")
-        return self.judge(table, source)[0]
 
     # -- judging a table --------------------------------------------------------------------------
 
@@ -174,3 +132,31 @@ class AnomalyModel:
             "top_channels",
         ]
         return pd.DataFrame(records, columns=columns)
+
+
+def _value_rows(config: dict) -> dict:
+    """An issue-34 folder scored as it was: each value's error over its covering windows, no state."""
+    return {**config, "hparams": {**config["hparams"], "row_score": "value", "state_channels": []}}
+
+
+def _no_memory(state: dict, config: dict) -> dict:
+    """An issue-34 folder's weights with the buffers it did not have: no memory, the hybrid's medians 1."""
+    hp = config["hparams"]
+    added = {"part_median": torch.ones(1, dtype=torch.float64)}
+    if config["task_class"].endswith("MaskedAnomalyDetector"):
+        dim = hp["context_len"] * hp["net"]["d_model"]
+        added |= {"memory.keys": torch.zeros(0, dim), "memory.rows": torch.zeros(0, hp["d_target"]),
+                  "memory.starts": torch.zeros(0, dtype=torch.long)}  # fmt: skip
+    return {**state, **added}
+
+
+FOLDER = FolderKind(
+    name="anomaly",
+    version=3,  # 3: scores from windows, states, the memory (issue 41); 2: the kinds' one header
+    describes="anomaly model",
+    contract=AnomalyContract,
+    tasks=(AnomalyScoring,),
+    load=AnomalyModel.load,
+    check_contract=_check_contract,
+    upgrades={1: Upgrade(), 2: Upgrade(_value_rows, _no_memory)},  # 1 holds what 2 holds
+)
