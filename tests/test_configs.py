@@ -158,6 +158,7 @@ def test_each_experiment(experiment, in_tmp):
 def test_each_anomaly_experiment_with_each_detector(experiment, model, in_tmp):
     """Each builds its labelled table's data and the detector sized for it: the label is no channel."""
     small = ["data.source.n_steps=1400", "data.source.test_fraction=0.5", "data.train_end=0.5"]
+    small.append("data.label_col=label")  # anomaly_benchmark reads none: its script keeps the labels
     cfg = compose_config([f"experiment={experiment}", f"model={model}", *small], in_tmp / "out")
     dm = instantiate(cfg.data)
     dm.setup()

@@ -210,6 +210,32 @@ def run(cfg: DictConfig) -> RunResult | None:
     )
 
 
+@dataclass
+class Trained:
+    """A task trained and tested as `run` does it, without the run's outputs (`fit_task`)."""
+
+    task: L.LightningModule  # with the best checkpoint's weights, after its test
+    datamodule: L.LightningDataModule
+    metrics: dict[str, float]  # the test's
+    best_val: float | None
+
+
+def fit_task(cfg: DictConfig, source=None) -> Trained:
+    """The fit and test of `run` (the same settings check, seeding, data, task, trainer, callbacks and
+    checkpoint) with no MLflow run and no outputs written: for benchmarks that train a job's task on
+    many tables. `source` (a DataFrame) replaces `cfg.data.source`."""
+    settings.check(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule, task = _instantiate_data_and_task(cfg, table=source)
+    callbacks = [
+        c for c in _instantiate_group(cfg.get("callbacks")) if not isinstance(c, LearningRateMonitor)
+    ]
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=callbacks)
+    best_ckpt, best_val = _fit(trainer, task, datamodule, None)
+    metrics = _test(trainer, task, datamodule, best_ckpt, keep_paths=False)
+    return Trained(task, datamodule, metrics, best_val)
+
+
 def _init_source(cfg: DictConfig) -> init_from.Source | None:
     """The model `cfg.init_from` names, loaded before the data is read (None without init_from); a run
     id is looked up in the run's own tracking URI."""
@@ -221,10 +247,11 @@ def _init_source(cfg: DictConfig) -> init_from.Source | None:
         return init_from.resolve(str(cfg.init_from), uri)
 
 
-def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None):
-    """The set-up data module (scaled as `source`'s model in a refit) and the task sized for it; refuses
-    `paths_file` for a family that samples no paths."""
-    datamodule = _instantiate_settings(cfg.data)
+def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None, table=None):
+    """The set-up data module (scaled as `source`'s model in a refit; reading `table`, a DataFrame, in
+    place of `data.source` when given) and the task sized for it; refuses `paths_file` for a family
+    that samples no paths."""
+    datamodule = _instantiate_settings(cfg.data, **({"source": table} if table is not None else {}))
     if source is not None:
         init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()

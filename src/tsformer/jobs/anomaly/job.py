@@ -14,8 +14,10 @@ anomalies.csv` judges a new table (its events beside it, `anomalies_events.csv`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
@@ -24,7 +26,8 @@ from tsformer.data.anomaly import AnomalyData, series_rows
 from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
-from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel, evaluate, figures
+from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
+from tsformer.jobs.anomaly.report import evaluate, figures, report_lines
 from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -34,12 +37,14 @@ ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
 def task_sizes(datamodule) -> dict:
-    """The channels are the detector's targets; it takes no covariates."""
+    """The channels are the detector's targets, the states among them read from the train rows; it
+    takes no covariates."""
     return {
         "d_target": len(datamodule.channels),
         "d_known": 0,
         "d_observed": 0,
         "target_names": datamodule.channels,
+        "state_channels": datamodule.state_names,
     }
 
 
@@ -65,26 +70,43 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     if "label" in rows.columns:
         metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
         compared = baselines(int(cfg.seed))
-        metrics |= beside_baselines(datamodule, rows, compared)
+        metrics |= beside_baselines(datamodule, rows, scores, compared)
     return RunOutputs(
         folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
-        details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
+        details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
+                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names)},
     )  # fmt: skip
 
 
 RANKING = ("vus_pr", "vus_roc", "auc_pr", "auc_roc")  # threshold-free: how well the score ranks the rows
 
 
-def beside_baselines(datamodule, rows: pd.DataFrame, compared: list) -> dict[str, float]:
-    """`test/<metric>` of the detector's score and `test/<baseline>_<metric>` of each baseline fitted on
-    the same train rows (`anomaly.baselines`), TSB-AD's metrics per series averaged over the series with
-    both kinds of rows (`test/n_series_evaluated`); it replaces `evaluate`'s pooled AUC-PR."""
+@dataclass(frozen=True)
+class Part:
+    """A part of the hybrid score, shown beside it as the baselines are."""
+
+    name: str
+    description: str
+
+
+def parts_of(scores) -> list[Part]:
+    return [Part(name, f"the hybrid's {name} part alone") for name in scores.parts]
+
+
+def beside_baselines(datamodule, rows: pd.DataFrame, scores, compared: list) -> dict[str, float]:
+    """`test/<metric>` of the detector's score, `test/<part>_<metric>` of each part of a hybrid and
+    `test/<baseline>_<metric>` of each baseline fitted on the same train rows (`anomaly.baselines`:
+    series by series), TSB-AD's metrics per series averaged over the series with both kinds of rows
+    (`test/n_series_evaluated`); it replaces `evaluate`'s pooled AUC-PR."""
     judged, train, channels = datamodule.tables["test"], datamodule.tables["train"], datamodule.channels
-    scores = {"model": rows["score"].to_numpy()}
+    ranked = {"model": rows["score"].to_numpy()} | dict(scores.parts)
+    train_series = [train[channels].to_numpy(dtype=float)[at] for at in series_rows(train).values()]
     for baseline in compared:
-        fitted = baseline.fit(train[channels].to_numpy(dtype=float))
-        scores[baseline.name] = fitted.score(judged[channels].to_numpy(dtype=float)).score
-    figures, evaluated = per_series(scores, rows["label"], judged[channels[0]], rows["series_id"])
+        fitted = baseline.fit(train_series)
+        ranked[baseline.name] = np.zeros(len(judged))
+        for at in series_rows(judged).values():
+            ranked[baseline.name][at] = fitted.score(judged[channels].to_numpy(dtype=float)[at]).score
+    figures, evaluated = per_series(ranked, rows["label"], judged[channels[0]], rows["series_id"])
     out = {"test/n_series_evaluated": float(evaluated)}
     for name, by_metric in figures.items():
         prefix = "test/" if name == "model" else f"test/{name}_"
@@ -110,22 +132,14 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
 
 
 def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:
-    """Rows judged, alarms and events at the threshold; the alarms' figures against labels; the files."""
-    rows, events = outputs.forecasts, outputs.details["events"]
-    threshold, loss = metrics.get("test/threshold", float("nan")), metrics.get("test/loss", float("nan"))
-    judged = f"anomaly: {len(rows)} rows judged, {int(rows['alarm'].sum())} alarms, {len(events)} events"
-    lines = [
-        f"{judged} (threshold {threshold:.4g}, calibrated on the held-out normal rows)",
-        f"  training loss on the judged rows (test/loss): {loss:.4g}",
-    ]
+    """What the judged rows hold (`report.report_lines`); with labels, how the score ranks them beside
+    its parts and the baselines; the files."""
+    lines = list(outputs.details["report"])
     compared = outputs.details["baselines"]
-    ranking = {f"test/{m}" for m in RANKING} | {f"test/{b.name}_{m}" for b in compared for m in RANKING}
-    shown = sorted(k for k in outputs.metrics if k not in {"test/n_alarms", "test/n_events", *ranking})
-    lines += [f"  {k.removeprefix('test/')}: {outputs.metrics[k]:.4g}" for k in shown]
-    if (
-        compared and outputs.metrics.get("test/n_series_evaluated", 0) > 0
-    ):  # the score's ranking of the judged rows beside the baselines' (labels only evaluate)
-        lines += metric_table(outputs.metrics, list(RANKING), compared, header="per series, mean")
+    if compared and outputs.metrics.get("test/n_series_evaluated", 0) > 0:
+        # the score's ranking of the judged rows beside its parts' and the baselines' (labels only evaluate)
+        beside = parts_of(outputs.details["scores"]) + list(compared)
+        lines += metric_table(outputs.metrics, list(RANKING), beside, header="per series, mean")
     lines += [
         f"rows CSV: {outputs.csv_path.resolve()}",
         f"events CSV: {outputs.details['events_path'].resolve()}",
@@ -145,10 +159,11 @@ def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) 
 
 
 def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
-    """What was written, in one line."""
-    n_events = len(rows.attrs["beside"]["events"])
-    files = ", ".join(str(path) for path in written)
-    return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {n_events} events: {files}"
+    """What predict.py prints: the judged table's events, labelled incidents and alarm rate as the run's
+    summary gives them (`report.report_lines`), and the files written."""
+    events = rows.attrs["beside"]["events"]
+    lines = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    return "\n".join([*lines, *(f"written: {path}" for path in written)])
 
 
 JOB = job_of_module(
