@@ -1,0 +1,328 @@
+"""`tsformer-fleet MODEL DATA --output OUT`: a model applied to every series of a large table on Spark.
+
+MODEL is what predict.py takes (a run id, `runs:/` or `models:/` URI, or a folder), a model of any job
+(forecasting, reconstruction, fill-in, classification, anomaly detection). DATA is a CSV file, a
+Parquet file or a folder of Parquet files (a local path, or a URI the cluster reads: hdfs://, s3a://),
+laid out as predict.py takes it. Its rows are grouped by the series column
+(`groupBy(series).applyInPandas`): each series reaches one Python worker whole, in file order, and is
+answered alone, as predict.py answers a table of that series (a CSV as `pd.read_csv` reads it). OUT is
+a folder of Parquet files partitioned by series (`OUT/series_id=<id>/part-*.parquet`): per series, the
+rows predict.py writes for it, in its order.
+
+- The model folder is resolved on the driver (downloaded from MLflow if need be) and shipped to the
+  executors as a folder (`SparkContext.addFile`); each Python worker loads it once, as predict.py does
+  (JSON, and weights with `weights_only=True`: nothing pickled, no code run). Executors need the
+  tsformer package and its dependencies, not MLflow.
+- The driver answers the series of DATA's first row itself before any Spark job: a model that does
+  not fit the data stops there; that answer's columns are the output's.
+- A series the model cannot answer in an executor fails the job; the error names the series.
+- OUT is written to a temporary folder beside it and renamed when complete: a failure leaves nothing
+  at OUT. An existing OUT is refused unless `--overwrite` (replaced once the new one is complete).
+
+From Python, on any session (`tsformer.serving.spark.spark_session` makes one as the command does):
+
+    from tsformer.serving.fleet import score_fleet
+    result = score_fleet(spark, "runs:/<id>/model", "fleet.parquet", "answers")   # a FleetResult
+
+Where the answer differs from predict.py on the whole table: an anomaly model's events are numbered
+within each series (predict.py numbers them across the table), and its events table is not written.
+docs/operations.md says how to run it on a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from tsformer.data.schema import DataValidationError
+from tsformer.serving.spark import (
+    FILE_COL,
+    ROW_COL,
+    OutputFolder,
+    SparkUnavailable,
+    first_line,
+    is_csv,
+    read_table,
+    ship_folder,
+    spark_schema,
+    spark_session,
+)
+from tsformer.tracking import TrackingServerUnreachable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERIES = "series_id"  # the series column of a model whose contract names none (anomaly)
+ORDER_COL = "_tsformer_order"  # an answer row's position within its series, until it is written
+FAILED = re.compile(r"SeriesFailed: (.+)")  # an executor's error, as it reaches the driver's message
+# pyspark 4.3 warns on every use with pandas 3; the equality test (tests/test_fleet.py) is the check
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+
+
+class FleetError(Exception):
+    """A fleet that cannot be answered: its message is the one line the command prints."""
+
+
+class SeriesFailed(Exception):
+    """Raised in an executor: the series the model could not answer, and why (one line)."""
+
+
+@dataclass
+class FleetResult:
+    output: str  # the folder written
+    n_series: int
+    n_rows: int  # answer rows
+    job: str  # the model's job
+    partition_col: str  # OUT/<partition_col>=<series>/
+
+
+# -- a model answering one series, as predict.py does -------------------------------------------------
+
+
+class _Predictor:
+    """The model folder's job and inference object, answering a table as predict.py does.
+    (A private adapter until `tsformer.serving.predictor.Predictor` is on main.)"""
+
+    def __init__(self, job, model):
+        self.job, self.model = job, model
+
+    @classmethod
+    def of_folder(cls, folder: str | Path) -> _Predictor:
+        from tsformer.jobs import job_of_folder
+
+        job = job_of_folder(folder)
+        return cls(job, job.load(Path(folder)))
+
+    def predict(self, table: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        origin = (params or {}).get("origin") or None
+        return self.job.predict_table(self.model, table, origin, "the table")
+
+
+def series_column_of(model) -> str | None:
+    """The series column the model reads (None: trained on one series, it names none)."""
+    return getattr(getattr(model, "contract", None), "series_col", DEFAULT_SERIES)
+
+
+def csv_options_of(model) -> dict:
+    """The training CSV's read options the model keeps (sep, decimal, encoding)."""
+    csv = getattr(getattr(model, "contract", None), "csv", None) or {}
+    return {k: v for k, v in csv.items() if v is not None}
+
+
+def answer_series(predictor, table: pd.DataFrame, params: dict | None, csv: dict | None) -> pd.DataFrame:
+    """The rows predict.py writes for one series' rows (in file order, without the fleet's columns).
+    `csv`: the rows are Spark's text cells of a CSV file, read again as `pd.read_csv` reads the file
+    (types inferred from this series' cells); None: typed (Parquet)."""
+    table = table.sort_values([FILE_COL, ROW_COL], kind="stable").drop(columns=[FILE_COL, ROW_COL])
+    table = table.reset_index(drop=True)
+    if csv is not None:
+        sep = csv.get("sep", ",")
+        text = table.to_csv(index=False, sep=sep)
+        table = pd.read_csv(io.StringIO(text), sep=sep, decimal=csv.get("decimal", "."))
+    return predictor.predict(table, params)
+
+
+def shown(series_id) -> str:
+    """A series id as a user wrote it: 7, 'pump-3' (a numpy scalar as its Python value)."""
+    return repr(series_id.item() if hasattr(series_id, "item") else series_id)
+
+
+# -- in the executors ---------------------------------------------------------------------------------
+
+_LOADED: dict[str, _Predictor] = {}  # a Python worker's loaded models, by shipped folder name
+
+
+def _worker_predictor(name: str) -> _Predictor:
+    """The model shipped as `name` (`ship_folder`), loaded once per Python worker (workers are reused)."""
+    if name not in _LOADED:
+        from pyspark import SparkFiles
+
+        _LOADED[name] = _Predictor.of_folder(SparkFiles.get(name))
+    return _LOADED[name]
+
+
+def answer_group(key: tuple, rows: pd.DataFrame, plan: dict) -> pd.DataFrame:
+    """One series' answer (the output's columns and each row's `ORDER_COL`), in an executor; `plan`:
+    the shipped model's name, params, CSV options, the output's columns, the accumulators of series
+    and rows answered."""
+    try:
+        answer = answer_series(_worker_predictor(plan["model"]), rows, plan["params"], plan["csv"])
+        answer = answer[plan["columns"]]  # a column the first series' answer has and this one lacks: KeyError
+    except Exception as err:  # every failure names its series: the driver prints this line
+        raise SeriesFailed(f"series {shown(key[0])}: {type(err).__name__}: {first_line(err)}") from err
+    series, answered = plan["counts"]
+    series.add(1)
+    answered.add(len(answer))
+    return answer.assign(**{ORDER_COL: range(len(answer))})
+
+
+# -- on the driver ------------------------------------------------------------------------------------
+
+
+def score_fleet(
+    spark,
+    model: str | Path,
+    data: str | Path,
+    output: str | Path,
+    *,
+    series_col: str | None = None,
+    params: dict | None = None,
+    tracking_uri: str | None = None,
+    overwrite: bool = False,
+) -> FleetResult:
+    """Every series of `data` answered by `model` on `spark`, written to `output` (the module docstring).
+    `series_col`: DATA's series column (default: the model's); `params`: as the pyfunc model takes
+    them ({"origin": "2024-05-01 12:00"}). Bad input raises `FleetError` (or the model reference's
+    `FileNotFoundError` / `ValueError`) with one line, before anything is written."""
+    data, output = str(data), str(output)
+    for setting, value in {"spark.sql.execution.arrow.pyspark.enabled": "true"}.items():
+        spark.conf.set(setting, value)  # a session the caller made: toPandas as applyInPandas converts
+    with tempfile.TemporaryDirectory() as downloads:
+        folder, predictor = _load(model, tracking_uri, Path(downloads))
+        series = series_col or series_column_of(predictor.model)
+        if series is None:
+            raise FleetError(
+                f"model {model} was trained on one series (it names no series column): give --series"
+            )
+        csv = csv_options_of(predictor.model)
+        frame = _read(spark, data, series, csv)
+        out = OutputFolder(spark, output)
+        if out.exists() and not overwrite:
+            raise FleetError(f"{output} exists: remove it, choose another --output, or give --overwrite")
+        text_csv = csv if is_csv(data) else None
+        first = _first_series_answer(frame, series, predictor, params, text_csv)
+        plan = {"model": ship_folder(spark, folder, "tsformer-model"), "params": params, "csv": text_csv}
+    partition = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
+    if partition is None:
+        raise FleetError(f"the {predictor.job.name} model's answer names no series: {list(first.columns)}")
+    plan |= {
+        "columns": list(first.columns),
+        "counts": (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)),
+    }
+
+    def answer(key: tuple, rows: pd.DataFrame) -> pd.DataFrame:  # pickled to the executors
+        return answer_group(key, rows, plan)
+
+    scored = frame.groupBy(frame[series]).applyInPandas(answer, spark_schema(first).add(ORDER_COL, "long"))
+    # each series' rows in their order: the writer then sorts nothing (its files by series are sorted)
+    scored = scored.sortWithinPartitions(partition, ORDER_COL).drop(ORDER_COL)
+    _write(scored, partition, out, overwrite)
+    series_count, rows = plan["counts"]
+    return FleetResult(output, series_count.value, rows.value, predictor.job.name, partition)
+
+
+def _load(model, tracking_uri: str | None, downloads: Path) -> tuple[Path, _Predictor]:
+    """(the model's folder, its predictor) on the driver."""
+    from tsformer.serving.references import resolve_model
+
+    folder = resolve_model(str(model), tracking_uri, downloads)
+    return folder, _Predictor.of_folder(folder)
+
+
+def _read(spark, data: str, series: str, csv: dict):
+    """DATA as a Spark DataFrame, with its series column."""
+    try:
+        frame = read_table(spark, data, csv)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # Spark's AnalysisException: a folder of no Parquet, a file it cannot read
+        raise FleetError(f"{data}: cannot be read: {first_line(err)}") from err
+    if series not in frame.columns:
+        columns = [c for c in frame.columns if c not in (FILE_COL, ROW_COL)]
+        raise FleetError(f"{data}: no series column {series!r} (its columns: {columns}); --series names it")
+    return frame
+
+
+def _first_series_answer(frame, series: str, predictor, params, csv) -> pd.DataFrame:
+    """The driver's answer for the series of DATA's first row: a model that does not fit the data stops
+    here, before any Spark job; the answer's columns are the output's."""
+    head = frame.select(series).head(1)
+    if not head:
+        raise FleetError("DATA has no rows")
+    sid = head[0][0]
+    rows = frame.filter(frame[series].isNull() if sid is None else frame[series] == sid).toPandas()
+    try:
+        return answer_series(predictor, rows, params, csv)
+    except (DataValidationError, ValueError, KeyError) as err:
+        raise FleetError(f"series {shown(sid)}: {type(err).__name__}: {first_line(err)}") from err
+
+
+def _write(scored, partition: str, out: OutputFolder, overwrite: bool) -> None:
+    """The answers written to the temporary folder, which becomes the output when complete; on any
+    failure it is deleted, and a failed series' line raised."""
+    try:
+        scored.write.partitionBy(partition).mode("errorifexists").parquet(out.tmp_uri)
+        out.commit(overwrite)
+    except BaseException as err:
+        out.discard()
+        if isinstance(err, Exception):
+            found = FAILED.search(str(err))
+            line = found.group(1).strip() if found else f"the Spark job failed: {first_line(err)}"
+            raise FleetError(line) from err
+        raise
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tsformer-fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="MLflow run id, runs:/ or models:/ URI, or a model/run folder")
+    parser.add_argument("data", help="CSV file, Parquet file or folder of Parquet files (a path or a URI)")
+    parser.add_argument("--output", "-o", required=True, help="the answers' folder (Parquet, by series)")
+    parser.add_argument("--series", help="DATA's series column (default: the model's)")
+    parser.add_argument("--origin", help="forecast from this time in every series (as predict.py)")
+    parser.add_argument(
+        "--master", help="Spark master (default: spark-submit's, else $SPARK_MASTER, else local[*])"
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUTPUT once the new answers are complete"
+    )
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
+    )
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
+        result = score_fleet(
+            spark, args.model, args.data, args.output, series_col=args.series,
+            params={"origin": args.origin} if args.origin else None, tracking_uri=args.tracking_uri,
+            overwrite=args.overwrite,
+        )  # fmt: skip
+    except (
+        FleetError, SparkUnavailable, DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable
+    ) as err:  # fmt: skip
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{result.job} model: {result.n_series} series, {result.n_rows} rows answered: {result.output} "
+        f"(Parquet, a folder per {result.partition_col})"
+    )
+    return 0
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise FleetError(f"--conf {text!r}: give KEY=VALUE, e.g. spark.executor.memory=4g")
+    return key.strip(), value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
