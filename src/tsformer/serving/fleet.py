@@ -3,11 +3,12 @@
 MODEL is what predict.py takes (a run id, `runs:/` or `models:/` URI, or a folder), a model of any job
 (forecasting, reconstruction, fill-in, classification, anomaly detection). DATA is a CSV file, a
 Parquet file or a folder of Parquet files (a local path, or a URI the cluster reads: hdfs://, s3a://),
-laid out as predict.py takes it. Its rows are grouped by the series column
-(`groupBy(series).applyInPandas`): each series reaches one Python worker whole, in file order, and is
-answered alone, as predict.py answers a table of that series (a CSV as `pd.read_csv` reads it). OUT is
-a folder of Parquet files partitioned by series (`OUT/series_id=<id>/part-*.parquet`): per series, the
-rows predict.py writes for it, in its order.
+laid out as predict.py takes it. Its rows are grouped by series: a bucket is a hash of the series
+column (`groupBy(bucket).applyInPandas`), so each series reaches one Python worker whole, in file
+order, with the other series of its bucket (about `--rows-per-call` rows), and they are answered as
+predict.py answers a table of them (a CSV as `pd.read_csv` reads it): each series from its own
+history. OUT is a folder of Parquet files partitioned by series (`OUT/series_id=<id>/part-*.parquet`):
+per series, the rows predict.py writes for it, in its order.
 
 - The model folder is resolved on the driver (downloaded from MLflow if need be) and shipped to the
   executors as a folder (`SparkContext.addFile`); each Python worker loads it once, as predict.py does
@@ -15,7 +16,8 @@ rows predict.py writes for it, in its order.
   tsformer package and its dependencies, not MLflow.
 - The driver answers the series of DATA's first row itself before any Spark job: a model that does
   not fit the data stops there; that answer's columns are the output's.
-- A series the model cannot answer in an executor fails the job; the error names the series.
+- A series the model cannot answer in an executor fails the job; the error names the series (the
+  bucket's series are then tried one by one).
 - OUT is written to a temporary folder beside it and renamed when complete: a failure leaves nothing
   at OUT. An existing OUT is refused unless `--overwrite` (replaced once the new one is complete).
 
@@ -25,7 +27,9 @@ From Python, on any session (`tsformer.serving.spark.spark_session` makes one as
     result = score_fleet(spark, "runs:/<id>/model", "fleet.parquet", "answers")   # a FleetResult
 
 Where the answer differs from predict.py on the whole table: an anomaly model's events are numbered
-within each series (predict.py numbers them across the table), and its events table is not written.
+within each series (predict.py numbers them across the table), and its events table is not written;
+floats may differ in their last bits (float32 sums over other batches of windows, as predict.py's
+on the whole table differ from its answer for one series alone).
 docs/operations.md says how to run it on a cluster.
 """
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import math
 import os
 import re
 import sys
@@ -48,6 +53,7 @@ from tsformer.data.schema import DataValidationError
 from tsformer.serving.spark import (
     FILE_COL,
     ROW_COL,
+    SESSION_SETTINGS,
     OutputFolder,
     SparkUnavailable,
     first_line,
@@ -62,7 +68,14 @@ from tsformer.tracking import TrackingServerUnreachable
 log = logging.getLogger(__name__)
 
 DEFAULT_SERIES = "series_id"  # the series column of a model whose contract names none (anomaly)
+BUCKET_COL = "_tsformer_bucket"  # the bucket of series a row is answered in
 ORDER_COL = "_tsformer_order"  # an answer row's position within its series, until it is written
+# About the rows one call of the model answers in a Python worker (whole series). One series a call
+# costs ~13x more with the default forecaster: the model's batches then hold one window
+# (benchmarks/RESULTS_fleet.md).
+ROWS_PER_CALL = 50_000
+# answer columns that count across a table: the fleet counts them within each series
+PER_SERIES_IDS = ("event_id",)  # an anomaly model's events
 FAILED = re.compile(r"SeriesFailed: (.+)")  # an executor's error, as it reaches the driver's message
 # pyspark 4.3 warns on every use with pandas 3; the equality test (tests/test_fleet.py) is the check
 warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
@@ -118,17 +131,28 @@ def csv_options_of(model) -> dict:
     return {k: v for k, v in csv.items() if v is not None}
 
 
-def answer_series(predictor, table: pd.DataFrame, params: dict | None, csv: dict | None) -> pd.DataFrame:
-    """The rows predict.py writes for one series' rows (in file order, without the fleet's columns).
-    `csv`: the rows are Spark's text cells of a CSV file, read again as `pd.read_csv` reads the file
-    (types inferred from this series' cells); None: typed (Parquet)."""
-    table = table.sort_values([FILE_COL, ROW_COL], kind="stable").drop(columns=[FILE_COL, ROW_COL])
+def as_table(rows: pd.DataFrame, series: str, csv: dict | None) -> pd.DataFrame:
+    """Rows from Spark as predict.py reads a table of their series: each series' rows together and in
+    file order, without the fleet's columns. `csv`: the rows are Spark's text cells of a CSV file, read
+    again as `pd.read_csv` reads the file (types inferred from these cells); None: typed (Parquet)."""
+    table = rows.sort_values([series, FILE_COL, ROW_COL], kind="stable")
+    table = table.drop(columns=[c for c in (FILE_COL, ROW_COL, BUCKET_COL) if c in table.columns])
     table = table.reset_index(drop=True)
     if csv is not None:
         sep = csv.get("sep", ",")
         text = table.to_csv(index=False, sep=sep)
         table = pd.read_csv(io.StringIO(text), sep=sep, decimal=csv.get("decimal", "."))
-    return predictor.predict(table, params)
+    return table
+
+
+def numbered_within_series(answer: pd.DataFrame, partition: str) -> pd.DataFrame:
+    """The answer with its ids that count across a table (`PER_SERIES_IDS`) counted from 0 in each
+    series, and each row's position in its series (`ORDER_COL`)."""
+    by_series = answer.groupby(partition, sort=False, dropna=False)
+    renumbered = {
+        col: answer[col] - by_series[col].transform("min") for col in PER_SERIES_IDS if col in answer.columns
+    }
+    return answer.assign(**renumbered, **{ORDER_COL: by_series.cumcount()})
 
 
 def shown(series_id) -> str:
@@ -150,19 +174,33 @@ def _worker_predictor(name: str) -> _Predictor:
     return _LOADED[name]
 
 
-def answer_group(key: tuple, rows: pd.DataFrame, plan: dict) -> pd.DataFrame:
-    """One series' answer (the output's columns and each row's `ORDER_COL`), in an executor; `plan`:
-    the shipped model's name, params, CSV options, the output's columns, the accumulators of series
-    and rows answered."""
+def answer_bucket(key: tuple, rows: pd.DataFrame, plan: dict) -> pd.DataFrame:
+    """In an executor: the answer for the series of one bucket (the output's columns, ids counted
+    within each series, each row's `ORDER_COL`), predicted together as predict.py predicts a table of
+    them. `plan`: the shipped model's name, the series column, params, CSV options, the output's
+    columns and series column, the accumulators of series and rows answered."""
+    predictor = _worker_predictor(plan["model"])
+    table = as_table(rows, plan["series"], plan["csv"])
     try:
-        answer = answer_series(_worker_predictor(plan["model"]), rows, plan["params"], plan["csv"])
-        answer = answer[plan["columns"]]  # a column the first series' answer has and this one lacks: KeyError
-    except Exception as err:  # every failure names its series: the driver prints this line
-        raise SeriesFailed(f"series {shown(key[0])}: {type(err).__name__}: {first_line(err)}") from err
+        answer = predictor.predict(table, plan["params"])[plan["columns"]]  # a column missing: KeyError
+    except Exception as err:  # the driver prints this line
+        raise SeriesFailed(_failing_series(predictor, table, plan, err)) from err
     series, answered = plan["counts"]
-    series.add(1)
+    series.add(table[plan["series"]].nunique(dropna=False))
     answered.add(len(answer))
-    return answer.assign(**{ORDER_COL: range(len(answer))})
+    return numbered_within_series(answer, plan["partition"])
+
+
+def _failing_series(predictor, table: pd.DataFrame, plan: dict, err: Exception) -> str:
+    """'series <id>: <error>' of the first series of `table` the model cannot answer alone (the
+    bucket's error and its first series when each answers alone)."""
+    ids = table[plan["series"]]
+    for sid in ids.unique():
+        try:
+            predictor.predict(table[ids == sid].reset_index(drop=True), plan["params"])[plan["columns"]]
+        except Exception as alone:  # noqa: BLE001 (named in the line returned)
+            return f"series {shown(sid)}: {type(alone).__name__}: {first_line(alone)}"
+    return f"series {shown(ids.iloc[0])} and others: {type(err).__name__}: {first_line(err)}"
 
 
 # -- on the driver ------------------------------------------------------------------------------------
@@ -176,16 +214,18 @@ def score_fleet(
     *,
     series_col: str | None = None,
     params: dict | None = None,
+    rows_per_call: int = ROWS_PER_CALL,
     tracking_uri: str | None = None,
     overwrite: bool = False,
 ) -> FleetResult:
     """Every series of `data` answered by `model` on `spark`, written to `output` (the module docstring).
     `series_col`: DATA's series column (default: the model's); `params`: as the pyfunc model takes
-    them ({"origin": "2024-05-01 12:00"}). Bad input raises `FleetError` (or the model reference's
+    them ({"origin": "2024-05-01 12:00"}); `rows_per_call`: about how many rows a Python worker answers
+    in one call of the model (whole series). Bad input raises `FleetError` (or the model reference's
     `FileNotFoundError` / `ValueError`) with one line, before anything is written."""
     data, output = str(data), str(output)
-    for setting, value in {"spark.sql.execution.arrow.pyspark.enabled": "true"}.items():
-        spark.conf.set(setting, value)  # a session the caller made: toPandas as applyInPandas converts
+    for setting, value in SESSION_SETTINGS.items():  # a session the caller made: as the fleet's own
+        spark.conf.set(setting, value)
     with tempfile.TemporaryDirectory() as downloads:
         folder, predictor = _load(model, tracking_uri, Path(downloads))
         series = series_col or series_column_of(predictor.model)
@@ -198,26 +238,36 @@ def score_fleet(
         out = OutputFolder(spark, output)
         if out.exists() and not overwrite:
             raise FleetError(f"{output} exists: remove it, choose another --output, or give --overwrite")
-        text_csv = csv if is_csv(data) else None
-        first = _first_series_answer(frame, series, predictor, params, text_csv)
-        plan = {"model": ship_folder(spark, folder, "tsformer-model"), "params": params, "csv": text_csv}
-    partition = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
-    if partition is None:
+        plan = {"series": series, "params": params, "csv": csv if is_csv(data) else None}
+        first = _first_series_answer(frame, predictor, plan)
+        plan["model"] = ship_folder(spark, folder, "tsformer-model")
+    plan["partition"] = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
+    if plan["partition"] is None:
         raise FleetError(f"the {predictor.job.name} model's answer names no series: {list(first.columns)}")
-    plan |= {
-        "columns": list(first.columns),
-        "counts": (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)),
-    }
+    plan["columns"] = list(first.columns)
+    plan["counts"] = (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0))  # series, rows
 
     def answer(key: tuple, rows: pd.DataFrame) -> pd.DataFrame:  # pickled to the executors
-        return answer_group(key, rows, plan)
+        return answer_bucket(key, rows, plan)
 
-    scored = frame.groupBy(frame[series]).applyInPandas(answer, spark_schema(first).add(ORDER_COL, "long"))
+    schema = spark_schema(first).add(ORDER_COL, "long")
+    scored = _buckets(frame, series, rows_per_call).groupBy(BUCKET_COL).applyInPandas(answer, schema)
     # each series' rows in their order: the writer then sorts nothing (its files by series are sorted)
-    scored = scored.sortWithinPartitions(partition, ORDER_COL).drop(ORDER_COL)
-    _write(scored, partition, out, overwrite)
+    scored = scored.sortWithinPartitions(plan["partition"], ORDER_COL).drop(ORDER_COL)
+    _write(scored, plan["partition"], out, overwrite)
     series_count, rows = plan["counts"]
-    return FleetResult(output, series_count.value, rows.value, predictor.job.name, partition)
+    return FleetResult(output, series_count.value, rows.value, predictor.job.name, plan["partition"])
+
+
+def _buckets(frame, series: str, rows_per_call: int):
+    """`frame` with each row's bucket (`BUCKET_COL`): a hash of its series, so that a bucket holds whole
+    series, about `rows_per_call` rows on average; at least as many buckets as the session's cores."""
+    from pyspark.sql import functions as F
+
+    n_rows = frame.count()  # a Parquet file's footers; a CSV file is read once more
+    cores = frame.sparkSession.sparkContext.defaultParallelism
+    n_buckets = max(cores, math.ceil(n_rows / max(1, rows_per_call)))
+    return frame.withColumn(BUCKET_COL, F.pmod(F.xxhash64(frame[series]), F.lit(n_buckets)))
 
 
 def _load(model, tracking_uri: str | None, downloads: Path) -> tuple[Path, _Predictor]:
@@ -242,16 +292,17 @@ def _read(spark, data: str, series: str, csv: dict):
     return frame
 
 
-def _first_series_answer(frame, series: str, predictor, params, csv) -> pd.DataFrame:
+def _first_series_answer(frame, predictor, plan: dict) -> pd.DataFrame:
     """The driver's answer for the series of DATA's first row: a model that does not fit the data stops
     here, before any Spark job; the answer's columns are the output's."""
+    series = plan["series"]
     head = frame.select(series).head(1)
     if not head:
         raise FleetError("DATA has no rows")
     sid = head[0][0]
     rows = frame.filter(frame[series].isNull() if sid is None else frame[series] == sid).toPandas()
     try:
-        return answer_series(predictor, rows, params, csv)
+        return predictor.predict(as_table(rows, series, plan["csv"]), plan["params"])
     except (DataValidationError, ValueError, KeyError) as err:
         raise FleetError(f"series {shown(sid)}: {type(err).__name__}: {first_line(err)}") from err
 
@@ -284,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--series", help="DATA's series column (default: the model's)")
     parser.add_argument("--origin", help="forecast from this time in every series (as predict.py)")
     parser.add_argument(
+        "--rows-per-call",
+        type=int,
+        default=ROWS_PER_CALL,
+        help=f"about how many rows (whole series) one call of the model answers (default {ROWS_PER_CALL:,})",
+    )
+    parser.add_argument(
         "--master", help="Spark master (default: spark-submit's, else $SPARK_MASTER, else local[*])"
     )
     parser.add_argument(
@@ -302,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
         result = score_fleet(
             spark, args.model, args.data, args.output, series_col=args.series,
-            params={"origin": args.origin} if args.origin else None, tracking_uri=args.tracking_uri,
-            overwrite=args.overwrite,
+            params={"origin": args.origin} if args.origin else None, rows_per_call=args.rows_per_call,
+            tracking_uri=args.tracking_uri, overwrite=args.overwrite,
         )  # fmt: skip
     except (
         FleetError, SparkUnavailable, DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable
