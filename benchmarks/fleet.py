@@ -112,7 +112,11 @@ def child_predict(model: str, data: str, output: str) -> dict:
     seconds = time.perf_counter() - started
     with open(output) as f:
         rows_out = sum(1 for _ in f) - 1
-    return {"seconds": seconds, "rows_out": rows_out, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "seconds": seconds,
+        "rows_out": rows_out,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def in_child(kind: str, model: Path, data: Path, output: Path) -> dict:
@@ -128,11 +132,17 @@ def load() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--series", type=int, nargs="+", default=[1000, 3000, 10000])
     parser.add_argument("--steps", type=int, default=1000, help="rows per series")
-    parser.add_argument("--workdir", help="where the model, data and answers go (default: a temporary folder)")
-    parser.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "DATA", "OUTPUT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workdir", help="where the model, data and answers go (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--child", nargs=4, metavar=("KIND", "MODEL", "DATA", "OUTPUT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         kind, *paths = args.child
@@ -160,7 +170,10 @@ def main() -> None:
             assert fleet["rows_out"] == predict["rows_out"], (fleet, predict)
             n_in = n * args.steps
             rows.append((n, n_in, fleet, predict))
-            print(f"  {n} series done: fleet {fleet['seconds']:.1f} s, predict.py {predict['seconds']:.1f} s", flush=True)
+            print(
+                f"  {n} series done: fleet {fleet['seconds']:.1f} s, predict.py {predict['seconds']:.1f} s",
+                flush=True,
+            )
     print(f"load average at end {load()}\n")
     print(
         "| series | input rows | fleet s | fleet rows/s | predict.py s | predict.py rows/s | fleet / predict.py "
@@ -175,7 +188,9 @@ def main() -> None:
         )
     sessions = ", ".join(f"{f['session_s']:.1f}" for _, _, f, _ in rows)
     workers = ", ".join(str(f["n_workers"]) for _, _, f, _ in rows)
-    print(f"\nSpark session start (not in the fleet's time): {sessions} s; Python processes under the JVM: {workers}")
+    print(
+        f"\nSpark session start (not in the fleet's time): {sessions} s; Python processes under the JVM: {workers}"
+    )
 
 
 if __name__ == "__main__":
