@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -18,8 +17,8 @@ import pytest
 from conftest import REPO, TINY_ANOMALY
 from tsformer.data.anomaly import split_at
 from tsformer.data.plant_anomaly import CHANNELS, simulate_plant_anomaly
-from tsformer.jobs import JOBS, load_model
 from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
@@ -73,7 +72,7 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]["score"]
     np.testing.assert_allclose(model.predict(table)["score"], expected)
     # tsformer-serve answers with the job's rows of a table
-    served = answer(partial(JOBS["anomaly"].predict_table, load_model(result.model_folder)), table, {})
+    served = answer(Predictor.of_folder(result.model_folder), table, {})
     np.testing.assert_allclose([row["score"] for row in json.loads(served)["predictions"]], expected)
 
 

@@ -72,7 +72,9 @@ def test_runs_uri_registry_uri_and_predict_py_find_the_logged_model(logged, tmp_
     mlflow.set_tracking_uri(client.tracking_uri)
     for uri in [f"runs:/{result.run_id}/model", "models:/tiny-logged/1"]:
         pyfunc = mlflow.pyfunc.load_model(uri)
-        assert pyfunc.metadata.get_input_schema() is not None, uri
+        # the layout of a table (the input example) and the forecaster's options (params), shown in the UI
+        assert pyfunc.metadata.saved_input_example_info is not None, uri
+        assert [p.name for p in pyfunc.metadata.get_params_schema().params] == ["origin", "time_format"], uri
     # what `predict.py <run id>` fetches: the run's model folder
     model_folder = resolve_model(result.run_id, client.tracking_uri, tmp_path)
     names = sorted(p.name for p in model_folder.iterdir())

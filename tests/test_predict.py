@@ -92,7 +92,8 @@ model = mlflow.pyfunc.load_model(sys.argv[2])
 table = pd.read_csv(sys.argv[3], parse_dates=["time"])
 model.predict(table).to_csv(sys.argv[4], index=False)
 print(json.dumps({"hydra": any(m == "hydra" or m.startswith("hydra.") for m in sys.modules),
-                  "signature": model.metadata.get_input_schema().input_names()}))
+                  "params": [p.name for p in model.metadata.get_params_schema().params],
+                  "example": model.metadata.saved_input_example_info is not None}))
 """
 
 
@@ -142,7 +143,7 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         report = json.loads(proc.stdout.strip().splitlines()[-1])
         assert not report["hydra"]  # the model needs no Hydra config
-        assert "ambient_temperature" in report["signature"]
+        assert report["params"] == ["origin", "time_format"] and report["example"]
         cli_out = pd.read_csv(tmp_path / "cli.csv")
         pyfunc_out = pd.read_csv(tmp_path / f"{name}.csv")
         pd.testing.assert_frame_equal(cli_out, pyfunc_out)

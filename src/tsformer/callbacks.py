@@ -101,7 +101,8 @@ class MLflowRun(Callback):
                 outputs.example,
                 outputs.example_forecasts,
                 registry_name,
-                optional_inputs=outputs.optional_inputs,
+                params={param.name: param.unset for param in job.prediction.params},
+                example_params=outputs.example_params,
             )
         tracking.end_run(self.logger, "FINISHED")
 

@@ -44,6 +44,7 @@ from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
+from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
 from tsformer.tasks.setting_groups import task_settings
 
@@ -185,6 +186,12 @@ def run(cfg: DictConfig) -> RunResult | None:
             return None
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
+        if outputs.example is not None:  # what the pyfunc model will answer: the saved folder's answer
+            outputs.example_params = {p.name: True for p in job.prediction.params if p.required}
+            predictor = Predictor(job, job.load(outputs.model_folder))
+            outputs.example_forecasts = predictor.predict(
+                outputs.example, outputs.example_params, source="example from the data"
+            )
         recorder.log_outputs(job, task, datamodule, outputs, best_ckpt)
         metrics |= outputs.metrics  # the job's own, from its outputs
 

@@ -11,8 +11,9 @@ A job (`base.Job`) is a module holding
   (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
 - `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
   summary (`base.print_summary` writes the rest);
-- `load(folder)` and `predict(model, table, args)`: predict.py's use of the model folder
-  (`predict_flag`: the option that asks for it, where a job needs one).
+- `load(folder)` and `prediction` (`base.Prediction`): the inference object of its model folder and
+  how it answers a table, with the options (`Param`) it takes: the one function behind predict.py,
+  tsformer-serve and the pyfunc model (`serving.predictor.Predictor`).
 Its `tasks` say which task classes it runs; the MLflow run is named and tagged (`job`) after `name`.
 `base.job_of_module(__name__, name=..., tasks=..., data=..., usage=...)` makes the `JOB` of a module
 that defines those functions; `dataclasses.replace` one from another job's (reconstruction, imputation).

@@ -21,10 +21,11 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.anomaly import AnomalyData, series_rows
+from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
@@ -69,10 +70,8 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
         compared = baselines(int(cfg.seed))
         metrics |= beside_baselines(datamodule, rows, compared)
-    example = example_table(datamodule)
     return RunOutputs(
-        folder, rows_path, rows, example=example, example_forecasts=model.predict(example, source="example"),
-        optional_inputs=tuple(c for c in [datamodule.label_col] if c in example.columns), metrics=metrics,
+        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics,
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
     )  # fmt: skip
 
@@ -138,13 +137,22 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-def predict(model: AnomalyModel, table: pd.DataFrame, args) -> str:
-    """predict.py: `table` judged, its rows written to `args.output` and its events beside them
-    (`<output stem>_events.csv`); what was written, in one line."""
-    rows, events, _ = model.judge(table, str(args.data))
-    path = write_csv(rows, args.output).resolve()
-    events_path = write_csv(events, path.with_name(f"{path.stem}_events.csv"))
-    return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}"
+def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The judged rows of `table`, its times read; its events beside them (`attrs["beside"]`, which
+    predict.py writes to `<output stem>_events.csv`)."""
+    time_col = model.time_col
+    if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
+        table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
+    rows, events, _ = model.judge(table, source)
+    rows.attrs["beside"] = {"events": events}
+    return rows
+
+
+def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
+    """What was written, in one line."""
+    n_events = len(rows.attrs["beside"]["events"])
+    files = ", ".join(str(path) for path in written)
+    return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {n_events} events: {files}"
 
 
 load = AnomalyModel.load  # the inference object predict.py uses
@@ -154,5 +162,6 @@ JOB = job_of_module(
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
+    prediction=Prediction(answer, report),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

@@ -98,14 +98,6 @@ class AnomalyModel:
         """The model in `folder`, checked (`model_folder.read`)."""
         return cls.of_task(*model_folder.read(folder, FOLDER))
 
-    def predict(
-        self, table: pd.DataFrame, origin=None, source: str = "table", time_format=None
-    ) -> pd.DataFrame:
-        """The per-row table of `table` (`judge`); `origin` does not apply (every row is judged)."""
-        if origin is not None:
-            raise ValueError(f"origin={origin}: an anomaly model judges every row; give no origin")
-        return self.judge(table, source)[0]
-
     # -- judging a table --------------------------------------------------------------------------
 
     def judge(self, table: pd.DataFrame, source: str = "table") -> tuple[pd.DataFrame, pd.DataFrame, Scores]:

@@ -168,6 +168,14 @@ FOLDER = FolderKind(
 )
 
 
+def not_a_classifier(info: ModelInfo) -> str:
+    """The one line refusing to classify with a pre-trained encoder."""
+    return (
+        f"model of run {info.run_id} is an encoder pre-trained by masked fill-in: it classifies nothing; "
+        "fine-tune a classifier from it: python train.py experiment=... init_from=<its run id>"
+    )
+
+
 class Classifier:
     """A trained classification network plus its data contract: tables in, classes out."""
 
@@ -190,18 +198,12 @@ class Classifier:
         return list(self.contract.classes)
 
     def predict(
-        self, table: pd.DataFrame, origin=None, source: str = "input table", time_format: str | None = None
+        self, table: pd.DataFrame, source: str = "input table", time_format: str | None = None
     ) -> pd.DataFrame:
-        """The class and probabilities of every sequence (or stream window) of `table`; `origin` is
-        the forecasters' (refused: a classifier takes every sample), `time_format` a stream's."""
+        """The class and probabilities of every sequence (or stream window) of `table`; `time_format`:
+        a stream's text times (default: the training data's)."""
         if not hasattr(self.task, "predict_proba"):
-            raise ValueError(
-                f"model of run {self.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
-                "nothing; fine-tune a classifier from it: python train.py experiment=... "
-                "init_from=<its run id>"
-            )
-        if origin is not None:
-            raise ValueError(f"origin={origin}: a classifier classifies every sample; give no origin")
+            raise ValueError(not_a_classifier(self.info))
         c = self.contract
         if c.layout == "stream":
             info, samples, labels = self._stream_windows(table, source, time_format or c.time_format)

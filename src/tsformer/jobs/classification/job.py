@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, made_by, metric_table, predict_usage
 from tsformer.jobs.classification.classifier import Classifier, classes_frame, save_classifier_folder
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -42,7 +42,7 @@ def test_frame(task, datamodule) -> pd.DataFrame:
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
-    """The classes CSV and the model folder, checked by a round trip on a few test samples."""
+    """The classes CSV, the model folder and a few test samples for it."""
     output_dir = Path(cfg.paths.output_dir)
     frame = test_frame(task, datamodule)
     csv_path = write_csv(frame, output_dir / cfg.forecasts_file) if cfg.forecasts_file else None
@@ -50,13 +50,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     folder = save_classifier_folder(output_dir / "model", task, datamodule, info)
-    example = example_table(datamodule)
-    example_classes = Classifier.load(folder).predict(example, source="example from the data")
-    # new sequences come without labels
-    optional = (datamodule.label_col,)
-    return RunOutputs(
-        folder, csv_path, frame, example=example, example_forecasts=example_classes, optional_inputs=optional
-    )
+    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule))
 
 
 def example_table(datamodule, n: int = 3) -> pd.DataFrame:
@@ -151,12 +145,14 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-def predict(model: Classifier, table: pd.DataFrame, args) -> str:
-    """The classes of `table`'s sequences written to `args.output`; what was predicted, in two lines."""
-    classes, path, who = predict_csv(model, table, args)
-    return (
-        f"{who}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {path} ({len(classes)} rows)"
-    )
+def answer(model: Classifier, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The class and probabilities of each sequence (or stream window) of `table`."""
+    return model.predict(table, source=source, time_format=params["time_format"])
+
+
+def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str:
+    """What was predicted, in two lines."""
+    return f"{made_by(model)}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {written[0]} ({len(classes)} rows)"
 
 
 load = Classifier.load  # the inference object predict.py uses
@@ -166,5 +162,6 @@ JOB = job_of_module(
     name="classification",
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",
+    prediction=Prediction(answer, report),
     usage=predict_usage("classify new data", "--output", "classes.csv"),
 )

@@ -490,17 +490,23 @@ def _slice(batch: dict, lo: int, hi: int) -> dict:
     return {k: v[lo:hi] for k, v in batch.items()}
 
 
-def example_table(datamodule) -> pd.DataFrame:
-    """A prediction input as a user would lay it out, cut from the data module's table: the last
-    `context_len + horizon` gap-free rows of the last series, with the future rows' targets and
-    past-only covariates emptied (for reconstruction: one window, its targets emptied)."""
+def example_rows(datamodule) -> pd.DataFrame:
+    """The last `context_len + horizon` gap-free rows of the data module's last series, in the layout
+    of its table (its columns with a role)."""
     schema = datamodule.schema
     n, m = datamodule.context_len, datamodule.horizon
-    columns = schema.columns
     frame = datamodule.frame
     segments = find_segments(frame, schema, fixed_step(datamodule.freq), "example")
     last = segments[segments.stop - segments.start >= n + m].iloc[-1]
-    table = frame.iloc[last.stop - n - m : last.stop][columns].reset_index(drop=True)
+    return frame.iloc[last.stop - n - m : last.stop][schema.columns].reset_index(drop=True)
+
+
+def example_table(datamodule) -> pd.DataFrame:
+    """A prediction input as a user would lay it out, cut from the data module's table (`example_rows`),
+    with the future rows' targets and past-only covariates emptied (for reconstruction: one window,
+    its targets emptied)."""
+    schema, n, m = datamodule.schema, datamodule.context_len, datamodule.horizon
+    table = example_rows(datamodule)
     if m > 0:
         table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
     else:

@@ -16,7 +16,16 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.datamodule import TimeSeriesDataModule
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.base import (
+    ORIGIN,
+    TIME_FORMAT,
+    Prediction,
+    RunOutputs,
+    job_of_module,
+    made_by,
+    metric_table,
+    predict_usage,
+)
 from tsformer.jobs.forecasting.export import (
     SplitView,
     forecasts_frame,
@@ -71,7 +80,7 @@ def prepare_task(task, datamodule) -> None:
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
-    """The forecasts CSV, sampled paths (Parquet) and the model folder, checked by a round trip."""
+    """The forecasts CSV, sampled paths (Parquet), the model folder and a table from the data for it."""
     output_dir = Path(cfg.paths.output_dir)
     tested = task.test_outputs
     forecasts = csv_path = paths_path = None
@@ -89,10 +98,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-    # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
-    example = example_table(datamodule)
-    example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example, example_forecasts)
+    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example_table(datamodule))
 
 
 def _quantiles(task, levels: list[float]) -> tuple:
@@ -192,16 +198,20 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-# -- predict.py -----------------------------------------------------------------------------------
+# -- predict.py, tsformer-serve, the pyfunc model ------------------------------------------------
 
 
-def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
-    """The forecasts of `table` written to `args.output`; what was predicted, in two lines."""
-    forecasts, path, who = predict_csv(model, table, args)
+def answer(model: Forecaster, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The forecasts of `table` (a reconstruction model: its rebuilt targets)."""
+    return model.predict(table, origin=params.get("origin"), source=source, time_format=params["time_format"])
+
+
+def report(model: Forecaster, forecasts: pd.DataFrame, written: list[Path]) -> str:
+    """What was predicted, in two lines."""
     origins = forecasts.groupby("series_id")["origin_time"].max()
     return (
-        f"{who}: {len(origins)} series, {forecasts['step'].max()} steps, origin(s) {origins.min()} .. "
-        f"{origins.max()}\nforecasts CSV: {path} ({len(forecasts)} rows)"
+        f"{made_by(model)}: {len(origins)} series, {forecasts['step'].max()} steps, origin(s) {origins.min()} "
+        f".. {origins.max()}\nforecasts CSV: {written[0]} ({len(forecasts)} rows)"
     )
 
 
@@ -212,5 +222,6 @@ JOB = job_of_module(
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
     data=DATA,
+    prediction=Prediction(answer, report, params=(ORIGIN, TIME_FORMAT)),
     usage=predict_usage("forecast new data", "--output", "forecasts.csv"),
 )
