@@ -50,6 +50,7 @@ from pathlib import Path
 import pandas as pd
 
 from tsformer.data.schema import DataValidationError
+from tsformer.serving.predictor import Predictor
 from tsformer.serving.spark import (
     FILE_COL,
     ROW_COL,
@@ -101,25 +102,6 @@ class FleetResult:
 # -- a model answering one series, as predict.py does -------------------------------------------------
 
 
-class _Predictor:
-    """The model folder's job and inference object, answering a table as predict.py does.
-    (A private adapter until `tsformer.serving.predictor.Predictor` is on main.)"""
-
-    def __init__(self, job, model):
-        self.job, self.model = job, model
-
-    @classmethod
-    def of_folder(cls, folder: str | Path) -> _Predictor:
-        from tsformer.jobs import job_of_folder
-
-        job = job_of_folder(folder)
-        return cls(job, job.load(Path(folder)))
-
-    def predict(self, table: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        origin = (params or {}).get("origin") or None
-        return self.job.predict_table(self.model, table, origin, "the table")
-
-
 def series_column_of(model) -> str | None:
     """The series column the model reads (None: trained on one series, it names none)."""
     return getattr(getattr(model, "contract", None), "series_col", DEFAULT_SERIES)
@@ -162,15 +144,15 @@ def shown(series_id) -> str:
 
 # -- in the executors ---------------------------------------------------------------------------------
 
-_LOADED: dict[str, _Predictor] = {}  # a Python worker's loaded models, by shipped folder name
+_LOADED: dict[str, Predictor] = {}  # a Python worker's loaded models, by shipped folder name
 
 
-def _worker_predictor(name: str) -> _Predictor:
+def _worker_predictor(name: str) -> Predictor:
     """The model shipped as `name` (`ship_folder`), loaded once per Python worker (workers are reused)."""
     if name not in _LOADED:
         from pyspark import SparkFiles
 
-        _LOADED[name] = _Predictor.of_folder(SparkFiles.get(name))
+        _LOADED[name] = Predictor.of_folder(SparkFiles.get(name))
     return _LOADED[name]
 
 
@@ -182,7 +164,7 @@ def answer_bucket(key: tuple, rows: pd.DataFrame, plan: dict) -> pd.DataFrame:
     predictor = _worker_predictor(plan["model"])
     table = as_table(rows, plan["series"], plan["csv"])
     try:
-        answer = predictor.predict(table, plan["params"])[plan["columns"]]  # a column missing: KeyError
+        answer = predictor.predict(table, plan["params"], source=plan["source"])[plan["columns"]]
     except Exception as err:  # the driver prints this line
         raise SeriesFailed(_failing_series(predictor, table, plan, err)) from err
     series, answered = plan["counts"]
@@ -197,9 +179,10 @@ def _failing_series(predictor, table: pd.DataFrame, plan: dict, err: Exception) 
     ids = table[plan["series"]]
     for sid in ids.unique():
         try:
-            predictor.predict(table[ids == sid].reset_index(drop=True), plan["params"])[plan["columns"]]
-        except Exception as alone:  # noqa: BLE001 (named in the line returned)
-            return f"series {shown(sid)}: {type(alone).__name__}: {first_line(alone)}"
+            alone = table[ids == sid].reset_index(drop=True)
+            predictor.predict(alone, plan["params"], source=plan["source"])[plan["columns"]]
+        except Exception as failed:  # noqa: BLE001 (named in the line returned)
+            return f"series {shown(sid)}: {type(failed).__name__}: {first_line(failed)}"
     return f"series {shown(ids.iloc[0])} and others: {type(err).__name__}: {first_line(err)}"
 
 
@@ -219,8 +202,8 @@ def score_fleet(
     overwrite: bool = False,
 ) -> FleetResult:
     """Every series of `data` answered by `model` on `spark`, written to `output` (the module docstring).
-    `series_col`: DATA's series column (default: the model's); `params`: as the pyfunc model takes
-    them ({"origin": "2024-05-01 12:00"}); `rows_per_call`: about how many rows a Python worker answers
+    `series_col`: DATA's series column (default: the model's); `params`: the options of the model's
+    use, as `Predictor.predict` takes them ({"origin": "2024-05-01 12:00"}, {"impute": True}); `rows_per_call`: about how many rows a Python worker answers
     in one call of the model (whole series). Bad input raises `FleetError` (or the model reference's
     `FileNotFoundError` / `ValueError`) with one line, before anything is written."""
     data, output = str(data), str(output)
@@ -238,7 +221,7 @@ def score_fleet(
         out = OutputFolder(spark, output)
         if out.exists() and not overwrite:
             raise FleetError(f"{output} exists: remove it, choose another --output, or give --overwrite")
-        plan = {"series": series, "params": params, "csv": csv if is_csv(data) else None}
+        plan = {"series": series, "params": params, "csv": csv if is_csv(data) else None, "source": data}
         first = _first_series_answer(frame, predictor, plan)
         plan["model"] = ship_folder(spark, folder, "tsformer-model")
     plan["partition"] = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
@@ -270,12 +253,12 @@ def _buckets(frame, series: str, rows_per_call: int):
     return frame.withColumn(BUCKET_COL, F.pmod(F.xxhash64(frame[series]), F.lit(n_buckets)))
 
 
-def _load(model, tracking_uri: str | None, downloads: Path) -> tuple[Path, _Predictor]:
+def _load(model, tracking_uri: str | None, downloads: Path) -> tuple[Path, Predictor]:
     """(the model's folder, its predictor) on the driver."""
     from tsformer.serving.references import resolve_model
 
     folder = resolve_model(str(model), tracking_uri, downloads)
-    return folder, _Predictor.of_folder(folder)
+    return folder, Predictor.of_folder(folder)
 
 
 def _read(spark, data: str, series: str, csv: dict):
@@ -302,7 +285,7 @@ def _first_series_answer(frame, predictor, plan: dict) -> pd.DataFrame:
     sid = head[0][0]
     rows = frame.filter(frame[series].isNull() if sid is None else frame[series] == sid).toPandas()
     try:
-        return predictor.predict(as_table(rows, series, plan["csv"]), plan["params"])
+        return predictor.predict(as_table(rows, series, plan["csv"]), plan["params"], source=plan["source"])
     except (DataValidationError, ValueError, KeyError) as err:
         raise FleetError(f"series {shown(sid)}: {type(err).__name__}: {first_line(err)}") from err
 
@@ -326,6 +309,36 @@ def _write(scored, partition: str, out: OutputFolder, overwrite: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    params = {name: getattr(args, name) for name in job_params() if getattr(args, name)}
+    try:
+        spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
+        result = score_fleet(
+            spark, args.model, args.data, args.output, series_col=args.series, params=params,
+            rows_per_call=args.rows_per_call, tracking_uri=args.tracking_uri, overwrite=args.overwrite,
+        )  # fmt: skip
+    except (
+        FleetError, SparkUnavailable, DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable
+    ) as err:  # fmt: skip
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{result.job} model: {result.n_series} series, {result.n_rows} rows answered: {result.output} "
+        f"(Parquet, a folder per {result.partition_col})"
+    )
+    return 0
+
+
+def job_params() -> dict:
+    """Every job's options of a use of its model by name (`Prediction.params`), as predict.py takes them."""
+    from tsformer.jobs import JOBS
+
+    return {param.name: param for job in JOBS.values() for param in job.prediction.params}
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tsformer-fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -333,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", help="CSV file, Parquet file or folder of Parquet files (a path or a URI)")
     parser.add_argument("--output", "-o", required=True, help="the answers' folder (Parquet, by series)")
     parser.add_argument("--series", help="DATA's series column (default: the model's)")
-    parser.add_argument("--origin", help="forecast from this time in every series (as predict.py)")
+    for param in job_params().values():  # predict.py's options of the jobs' uses
+        kind = {"action": "store_true"} if param.kind is bool else {}
+        parser.add_argument(param.flag, dest=param.name, help=param.help.replace("%", "%%"), **kind)
     parser.add_argument(
         "--rows-per-call",
         type=int,
@@ -352,26 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
     )
-    args = parser.parse_args(argv)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
-        result = score_fleet(
-            spark, args.model, args.data, args.output, series_col=args.series,
-            params={"origin": args.origin} if args.origin else None, rows_per_call=args.rows_per_call,
-            tracking_uri=args.tracking_uri, overwrite=args.overwrite,
-        )  # fmt: skip
-    except (
-        FleetError, SparkUnavailable, DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable
-    ) as err:  # fmt: skip
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(
-        f"{result.job} model: {result.n_series} series, {result.n_rows} rows answered: {result.output} "
-        f"(Parquet, a folder per {result.partition_col})"
-    )
-    return 0
+    return parser
 
 
 def _setting(text: str) -> tuple[str, str]:
