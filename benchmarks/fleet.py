@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -112,11 +111,8 @@ def child_predict(model: str, data: str, output: str) -> dict:
     seconds = time.perf_counter() - started
     with open(output) as f:
         rows_out = sum(1 for _ in f) - 1
-    return {
-        "seconds": seconds,
-        "rows_out": rows_out,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a child would report its parent's peak
+    return {"seconds": seconds, "rows_out": rows_out, "peak_mb": peak_mb()}
 
 
 def in_child(kind: str, model: Path, data: Path, output: Path) -> dict:

@@ -72,7 +72,7 @@ DEFAULT_SERIES = "series_id"  # the series column of a model whose contract name
 BUCKET_COL = "_tsformer_bucket"  # the bucket of series a row is answered in
 ORDER_COL = "_tsformer_order"  # an answer row's position within its series, until it is written
 # About the rows one call of the model answers in a Python worker (whole series). One series a call
-# costs ~13x more with the default forecaster: the model's batches then hold one window
+# made 300 series 4x slower with the default forecaster, whose batches then hold one window each
 # (benchmarks/RESULTS_fleet.md).
 ROWS_PER_CALL = 50_000
 # answer columns that count across a table: the fleet counts them within each series
@@ -99,7 +99,7 @@ class FleetResult:
     partition_col: str  # OUT/<partition_col>=<series>/
 
 
-# -- a model answering one series, as predict.py does -------------------------------------------------
+# -- tables as predict.py reads them, answers as it writes them ---------------------------------------
 
 
 def series_column_of(model) -> str | None:
