@@ -52,9 +52,9 @@ import pandas as pd
 from tsformer.data.schema import DataValidationError
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.spark import (
+    ARROW,
     FILE_COL,
     ROW_COL,
-    SESSION_SETTINGS,
     OutputFolder,
     SparkUnavailable,
     first_line,
@@ -207,7 +207,7 @@ def score_fleet(
     in one call of the model (whole series). Bad input raises `FleetError` (or the model reference's
     `FileNotFoundError` / `ValueError`) with one line, before anything is written."""
     data, output = str(data), str(output)
-    for setting, value in SESSION_SETTINGS.items():  # a session the caller made: as the fleet's own
+    for setting, value in ARROW.items():  # a session the caller made: its time zone is its own
         spark.conf.set(setting, value)
     with tempfile.TemporaryDirectory() as downloads:
         folder, predictor = _load(model, tracking_uri, Path(downloads))

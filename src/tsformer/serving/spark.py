@@ -18,12 +18,10 @@ from pathlib import Path
 DEFAULT_MASTER = "local[*]"
 # each row's file and position in it, added when the table is read: a series' rows in file order
 FILE_COL, ROW_COL = "_tsformer_file", "_tsformer_row"
-# every session the fleet uses: times as they are written (no conversion to the machine's zone), and
-# Arrow between the JVM and pandas (applyInPandas uses it always; the driver's toPandas too, then)
-SESSION_SETTINGS = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-}
+# Arrow between the JVM and pandas: applyInPandas uses it always, the driver's toPandas too with this
+ARROW = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+# a session the fleet starts: also times as they are written (no conversion to the machine's zone)
+SESSION_SETTINGS = {"spark.sql.session.timeZone": "UTC", **ARROW}
 
 
 class SparkUnavailable(Exception):
