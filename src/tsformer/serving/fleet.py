@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection notes: nothing to act on
     params = {name: getattr(args, name) for name in job_params() if getattr(args, name)}
     try:
         spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
