@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from tsformer.data.plant_anomaly import CHANNELS, FAULTS, normal_split, simulate_plant_anomaly
-from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold
 from tsformer.jobs.anomaly.detector import DetectorSettings, fit_detector
 from tsformer.jobs.anomaly.judging import AnomalyModel, evaluate, labelled_incidents
+from tsformer.tasks.alarms import EventRule, calibrate_threshold
 
 RATE = 0.001
 

@@ -8,8 +8,8 @@ import pytest
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
-from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.jobs.anomaly.detector import check_table, fit_detector
+from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]

@@ -188,7 +188,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
         if outputs.example is not None:  # what the pyfunc model will answer: the saved folder's answer
             outputs.example_params = {p.name: True for p in job.prediction.params if p.required}
-            predictor = Predictor(job, job.load(outputs.model_folder))
+            predictor = Predictor.of_folder(outputs.model_folder)
             outputs.example_forecasts = predictor.predict(
                 outputs.example, outputs.example_params, source="example from the data"
             )

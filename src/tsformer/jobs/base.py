@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer.config import command_line
+from tsformer.model_folder import FolderKind
 
 
 @dataclass
@@ -105,8 +106,8 @@ class Job:
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
     takes from the data), `prepare_task` (after it is built), `write_outputs` (after the test),
     `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py,
-    tsformer-serve and the pyfunc model call `load`, then `prediction.answer` (through
-    `serving.predictor.Predictor`). The fields are plain functions, so that a job is a module with a
+    tsformer-serve and the pyfunc model load its folder by its kind (`folders`), then call
+    `prediction.answer` (through `serving.predictor.Predictor`). The fields are plain functions, so that a job is a module with a
     `JOB` (`job_of_module`: the module's functions of these names).
     """
 
@@ -120,7 +121,7 @@ class Job:
         [Any, DictConfig, Any, Any, RunOutputs], None
     ]  # logger, cfg, task, datamodule, outputs
     summary_lines: Callable[[dict, list, RunOutputs], list[str]]  # metrics, baselines, outputs
-    load: Callable[[Path], Any]  # model folder -> the inference object (`Forecaster`, `Classifier`)
+    folders: tuple[FolderKind, ...]  # the kinds of model folder its runs write (`model_folder`)
     prediction: Prediction  # how the inference object answers a table (predict.py, tsformer-serve, pyfunc)
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
@@ -128,7 +129,6 @@ class Job:
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
 FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
-FUNCTIONS += ("load",)
 
 
 def job_of_module(module_name: str, **fields) -> Job:

@@ -35,10 +35,9 @@ class Predictor:
     @classmethod
     def of_folder(cls, folder: str | Path) -> Predictor:
         """The predictor of a model folder, checked as it is loaded (`model_folder.read`)."""
-        from tsformer.jobs import job_of_folder  # the registry imports every job, which may import this
+        from tsformer.jobs import job_of_folder, load_model  # the registry imports every job (and this)
 
-        job = job_of_folder(folder)
-        return cls(job, job.load(Path(folder)))
+        return cls(job_of_folder(folder), load_model(folder))
 
     @property
     def params(self) -> tuple[Param, ...]:

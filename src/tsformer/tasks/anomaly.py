@@ -22,7 +22,7 @@ Each kind of error (masked: the runs and the channel halves; forecast: the surpr
 is divided by its 99th percentile on the validation rows (`calibrate`: 1 is a channel's 1-in-100 error
 of that kind on normal rows, whatever its units, noise and tails); the larger kind is the channel's
 contribution, and the score of a row is the mean of its channels' contributions. `calibrate` also sets
-the alarms' threshold at `false_alarm_rate` of the validation rows' scores (`anomaly.alarms`). Values
+the alarms' threshold at `false_alarm_rate` of the validation rows' scores (`tasks.alarms`). Values
 enter standardised by the train rows' mean and sd per channel (`set_standardisation`), never per window.
 
 The test (after the fit, on the best checkpoint) calibrates on the data's validation rows and logs
@@ -39,13 +39,14 @@ import torch
 
 from tsformer.data.anomaly import check_table, series_rows
 from tsformer.nn.masking import draw_mask
+from tsformer.tasks.alarms import EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
 # floor of a channel's validation error (squared, in train sd): smaller errors count as none
 MIN_SPREAD = 1e-2
-EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `anomaly.alarms.EventRule`'s defaults
+EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 CHUNK = 256  # windows per network call while scoring
 
 
@@ -81,7 +82,6 @@ class AnomalyScoring:
     def init_scoring(
         self, false_alarm_rate: float, events: dict | None, monitor: str, threshold_confidence: float | None
     ) -> None:
-        from tsformer.jobs.anomaly.alarms import EventRule  # the anomaly package imports these tasks
 
         if monitor != "val/loss":
             raise ValueError(
@@ -156,8 +156,6 @@ class AnomalyScoring:
     def calibrate(self, val: pd.DataFrame) -> np.ndarray:
         """Each channel's usual error (`error_scale`) and the threshold from the held-out normal rows
         `val`; returns their scores."""
-        from tsformer.jobs.anomaly.alarms import calibrate_threshold
-
         check_table(val, self.channels, self.window, "validation rows")
         raw = self.raw_errors(val)  # (K, T_val, C)
         scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=1), MIN_SPREAD)  # (K, C)

@@ -24,7 +24,7 @@ from tsformer.data.anomaly import AnomalyData, series_rows
 from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
-from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
+from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel, evaluate, figures
 from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -155,10 +155,9 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
     return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {n_events} events: {files}"
 
 
-load = AnomalyModel.load  # the inference object predict.py uses
-
 JOB = job_of_module(
     __name__,
+    folders=(FOLDER,),
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",

@@ -3,7 +3,7 @@ is judged (per row `series_id, time, score, threshold, alarm, event_id, top_chan
 when the table has one; per event `event_id, series_id, start, end, n_rows, peak_score, peak_time,
 top_channels`), its model folder, its evaluation against labels and its figures.
 
-The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-1`, the detector task's class and
+The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-2`: `FOLDER`, the detector task's class and
 hyperparameters, the table's columns) and `weights.pt` (the task's state dict: the network, the train
 rows' mean and sd per channel, the channels' usual errors and the threshold). Loading it runs no code.
 """
@@ -18,11 +18,10 @@ import pandas as pd
 
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
-from tsformer.jobs.anomaly.alarms import EventRule, events_of
-from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
+from tsformer.tasks.alarms import EventRule, events_of
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 
-FORMAT = "anomaly-1"
 N_TOP = 3  # top contributing channels per row and event
 
 
@@ -35,39 +34,9 @@ class AnomalyContract:
     csv: dict = field(default_factory=dict)  # the training CSV's read options
 
 
-@dataclass
-class AnomalyConfig:
-    """An anomaly model's `tsformer.json`: every key written, and required when read."""
-
-    format: str
-    task_class: str  # module.qualname of a detector task (tsformer.tasks.anomaly)
-    hparams: dict
-    data: AnomalyContract
-    info: ModelInfo
-
-
-def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") != FORMAT:
-        raise ModelFolderError(
-            f"{path}: format {config.get('format')!r}, this tsformer reads anomaly model folders of format "
-            f"{FORMAT!r}: {RESTORE}"
-        )
-
-
 def _check_contract(contract: AnomalyContract, hparams: dict, path: Path) -> None:
     if len(hparams.get("target_names") or []) != hparams.get("d_target"):
         raise ModelFolderError(f"{path}: hparams.target_names must name the d_target channels: {RESTORE}")
-
-
-FOLDER = FolderKind(
-    name="anomaly model",
-    schema=AnomalyConfig,
-    tasks=(AnomalyScoring,),
-    header=lambda: {"format": FORMAT},
-    check_header=_check_format,
-    contract_of=lambda data: AnomalyContract(**data),
-    check_contract=_check_contract,
-)
 
 
 @dataclass
@@ -159,6 +128,18 @@ class AnomalyModel:
             "top_channels",
         ]
         return pd.DataFrame(records, columns=columns)
+
+
+FOLDER = FolderKind(
+    name="anomaly",
+    version=2,  # 2: the kinds' one header; the keys of 1
+    describes="anomaly model",
+    contract=AnomalyContract,
+    tasks=(AnomalyScoring,),
+    load=AnomalyModel.load,
+    check_contract=_check_contract,
+    upgrades={1: Upgrade()},  # 1 holds what 2 holds
+)
 
 
 # -- evaluation when labels exist ---------------------------------------------------------------------

@@ -1,11 +1,10 @@
 """A trained sequence classifier as a self-contained folder, and the classes of new sequences.
 
-The folder has the files of a forecasting model folder (`tsformer.jobs.forecasting.forecaster`): `tsformer.json` (the
-task class, its hyperparameters with the class names, the data contract below, the channel scaler
-as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
-needs only the installed package (`tsformer.model_folder` reads and checks the folder; `FOLDER` says
-what this kind holds); `predict.py` and the pyfunc model find its job by the task class written in
-`tsformer.json` (`jobs.job_of_folder`). An encoder pre-trained on such sequences
+The folder (`tsformer.model_folder`, format `classifier-2`: `FOLDER`) holds `tsformer.json` (the task
+class, its hyperparameters with the class names, the data contract below, the channel scaler as plain
+numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)` needs only
+the installed package; `predict.py` and the pyfunc model find its job by the task class written in
+`tsformer.json` (`jobs.job_of_folder`); an ensemble's folder is a kind of its own (`ensemble.py`). An encoder pre-trained on such sequences
 (`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
 
 The table is laid out as the training data (`tsformer.data.sequences`):
@@ -34,13 +33,12 @@ from tsformer.data.features import Affine
 from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolve_freq
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
-from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
 
 log = logging.getLogger(__name__)
 
-FORMAT = "classifier-1"
 BATCH = 256
 
 
@@ -86,29 +84,6 @@ def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo
 
 
 # -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
-
-
-@dataclass
-class ClassifierConfig:
-    """A classifier's `tsformer.json`: every key of it and of its parts is written, and required when read."""
-
-    format: str
-    task_class: str  # module.qualname of a tsformer classification (or pre-training) task
-    hparams: dict
-    data: SequenceContract
-    info: ModelInfo
-
-
-def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") != FORMAT:
-        raise ModelFolderError(
-            f"{path}: format {config.get('format')!r}, this tsformer reads classifier folders of format "
-            f"{FORMAT!r}: train the model again, or load it with the tsformer that wrote it"
-        )
-
-
-def _contract_from_dict(data: dict) -> SequenceContract:
-    return SequenceContract(**{**data, "channel_scaler": Affine(**data["channel_scaler"])})
 
 
 def _contract_problems(c: SequenceContract, hparams: dict):
@@ -157,17 +132,6 @@ def _check_contract(c: SequenceContract, hparams: dict, path: Path) -> None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
 
 
-FOLDER = FolderKind(
-    name="classifier",
-    schema=ClassifierConfig,
-    tasks=(ClassificationTask, MaskedPretraining),
-    header=lambda: {"format": FORMAT},
-    check_header=_check_format,
-    contract_of=_contract_from_dict,
-    check_contract=_check_contract,
-)
-
-
 def not_a_classifier(info: ModelInfo) -> str:
     """The one line refusing to classify with a pre-trained encoder."""
     return (
@@ -186,11 +150,7 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        """The model in `folder`, checked (`model_folder.read`); an ensemble's folder (`tsformer.jobs.classification.ensemble`)
-        names its members' folders inside it, whose probabilities it averages."""
-        config, path = model_folder.read_config(folder)
-        if "members" in config:
-            return _ensemble(Path(folder), config["members"], path)
+        """The model in `folder`, checked (`model_folder.read`)."""
         return cls(*model_folder.read(folder, FOLDER))
 
     @property
@@ -262,18 +222,16 @@ class Classifier:
             )
 
 
-def _ensemble(folder: Path, members, path: Path) -> Classifier:
-    """The members' classifiers (subfolders of `folder`, each checked as any classifier's folder) as one
-    whose probabilities are their mean; the members read the data alike (checked when it was written)."""
-    from tsformer.jobs.classification.ensemble import MeanOfMembers
-
-    named = isinstance(members, list) and members
-    if not named or not all(
-        isinstance(m, str) and m not in ("", ".", "..") and Path(m).name == m for m in members
-    ):
-        raise ModelFolderError(f"{path}: 'members' must name the member folders inside {folder}: {RESTORE}")
-    loaded = [Classifier.load(folder / m) for m in members]
-    return Classifier(MeanOfMembers([c.task for c in loaded]), loaded[0].contract, loaded[0].info)
+FOLDER = FolderKind(
+    name="classifier",
+    version=2,  # 2: ensembles are a kind of their own
+    describes="classifier",
+    contract=SequenceContract,
+    tasks=(ClassificationTask, MaskedPretraining),
+    load=Classifier.load,
+    check_contract=_check_contract,
+    upgrades={1: Upgrade()},  # 1 holds what 2 holds
+)
 
 
 def classes_frame(info: pd.DataFrame, proba: np.ndarray, classes: list[str], labels=None) -> pd.DataFrame:

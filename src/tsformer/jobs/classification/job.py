@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 from tsformer import tracking
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
 from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, made_by, metric_table, predict_usage
-from tsformer.jobs.classification.classifier import Classifier, classes_frame, save_classifier_folder
+from tsformer.jobs.classification.classifier import FOLDER, Classifier, classes_frame, save_classifier_folder
+from tsformer.jobs.classification.ensemble import FOLDER as ENSEMBLE
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
@@ -155,10 +156,9 @@ def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str
     return f"{made_by(model)}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {written[0]} ({len(classes)} rows)"
 
 
-load = Classifier.load  # the inference object predict.py uses
-
 JOB = job_of_module(
     __name__,
+    folders=(FOLDER, ENSEMBLE),
     name="classification",
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",

@@ -50,13 +50,12 @@ from tsformer.model_folder import (  # noqa: F401 (CONFIG_FILE, WEIGHTS_FILE: wh
     FolderKind,
     ModelFolderError,
     ModelInfo,
+    Upgrade,
     first_line,
 )
 from tsformer.tasks.base import WindowTask
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2  # 2: spread calibration and median-anchored quantile knots (distribution heads)
 
 
 @dataclass(kw_only=True)
@@ -107,32 +106,12 @@ class DataContract(FeaturePipeline):
         return self.schema.columns
 
 
-@dataclass
-class ModelConfig:
-    """`tsformer.json`: every key of it and of its parts is written, and required when read."""
-
-    format_version: int
-    task_class: str  # module.qualname of a tsformer task (a WindowTask subclass)
-    hparams: dict  # the task's constructor arguments
-    data: DataContract
-    info: ModelInfo
-
-
 def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
     return model_folder.write(folder, FOLDER, task, DataContract.of(datamodule), info)
 
 
 # -- reading a model folder, checked (`model_folder.read`) ---------------------------------------
-
-
-def _check_version(config: dict, path: Path) -> None:
-    version = config.get("format_version")
-    if isinstance(version, int) and version != FORMAT_VERSION:  # before the keys: another format's
-        raise ModelFolderError(
-            f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION}: train the model "
-            "again, or load it with the tsformer that wrote it"
-        )
 
 
 def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
@@ -145,17 +124,6 @@ def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
     problem = next(problems, None)
     if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
-
-
-FOLDER = FolderKind(
-    name="forecasting model",
-    schema=ModelConfig,
-    tasks=(WindowTask,),
-    header=lambda: {"format_version": FORMAT_VERSION},
-    check_header=_check_version,
-    contract_of=DataContract.from_dict,
-    check_contract=_check_contract,
-)
 
 
 def _role_problems(c: DataContract):
@@ -253,13 +221,13 @@ class Forecaster:
         clean = self._validate(table, source, time_format or c.time_format)
         origin = None if origin is None else pd.Timestamp(origin)
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
-        for sid, rows in _series_positions(clean, c).items():
+        for sid, rows in series_positions(clean, c).items():
             self._check_frequency(clean, sid, rows, source)
             if self.task.reconstructs:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
             else:
                 windows.append(self._forecast_window(clean, sid, rows, origin, source))
-        batch, times = self._batch(clean, windows)
+        batch, times = self.batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
             parts = [
@@ -408,7 +376,7 @@ class Forecaster:
                     f"it as {what} ({empty.size} empty cell(s) of '{col}' there)"
                 )
 
-    def _batch(self, clean, windows) -> tuple[dict, np.ndarray]:
+    def batch(self, clean, windows) -> tuple[dict, np.ndarray]:
         """The model's batch dict for the windows (scaled like training), and each window's times."""
         c = self.contract
         n, m = c.context_len, c.horizon
@@ -479,7 +447,19 @@ class Forecaster:
         return frame
 
 
-def _series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
+FOLDER = FolderKind(
+    name="forecaster",
+    version=3,  # 3: the header `format`; 2: spread calibration and median-anchored quantile knots
+    describes="forecasting model",
+    contract=DataContract,
+    tasks=(WindowTask,),
+    load=Forecaster.load,
+    check_contract=_check_contract,
+    upgrades={2: Upgrade()},  # 2 (`format_version: 2`) holds what 3 holds
+)
+
+
+def series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
     """Series id -> positions of its rows in `clean` (sorted by time)."""
     ids = series_ids(clean, contract.schema)
     order = pd.Series(np.arange(len(clean))).groupby(ids, sort=False)

@@ -33,7 +33,13 @@ from tsformer.jobs.forecasting.export import (
     paths_frame,
     select_levels,
 )
-from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
+from tsformer.jobs.forecasting.forecaster import (
+    FOLDER,
+    Forecaster,
+    ModelInfo,
+    example_table,
+    save_model_folder,
+)
 from tsformer.jobs.forecasting.plots import (
     attention_figure,
     error_by_step_figure,
@@ -215,10 +221,9 @@ def report(model: Forecaster, forecasts: pd.DataFrame, written: list[Path]) -> s
     )
 
 
-load = Forecaster.load  # the inference object predict.py uses
-
 JOB = job_of_module(
     __name__,
+    folders=(FOLDER,),
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
     data=DATA,

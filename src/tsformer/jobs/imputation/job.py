@@ -29,7 +29,7 @@ import torch
 from tsformer.data.schema import DataValidationError, describe_row, fixed_step
 from tsformer.jobs.base import TIME_FORMAT, Param, Prediction, RunOutputs, predict_usage
 from tsformer.jobs.forecasting import job as forecasting
-from tsformer.jobs.forecasting.forecaster import Forecaster, _series_positions, example_rows
+from tsformer.jobs.forecasting.forecaster import Forecaster, example_rows, series_positions
 from tsformer.tasks.masked import MaskedFillIn
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def _filling_windows(clean: pd.DataFrame, c) -> tuple[np.ndarray, dict[int, str]
     times = clean[c.time_col].to_numpy()
     filler = np.full(len(clean), -1, dtype=np.int64)
     reasons: dict[int, str] = {}
-    for rows in _series_positions(clean, c).values():
+    for rows in series_positions(clean, c).values():
         usable = rows[inputs_complete[rows]]
         for row in rows[~inputs_complete[rows]]:
             reasons[row] = "an input column of the model is empty"
@@ -147,7 +147,7 @@ def _restore(forecaster: Forecaster, clean: pd.DataFrame, values: np.ndarray, st
     """The model's values `(W, N, Dy)` (original units) of the windows starting at rows `starts`, their
     empty cells hidden, and whether each window holds an observed value at all `(W,)`."""
     c, n = forecaster.contract, forecaster.contract.context_len
-    batch, _ = forecaster._batch(clean, [(None, s, s, s + n) for s in starts])
+    batch, _ = forecaster.batch(clean, [(None, s, s, s + n) for s in starts])
     idx = starts[:, None] + np.arange(n)  # (W, N) rows of `clean`
     scaled = c.target_scaler.transform(values)  # (rows, Dy), NaN where empty
     batch["hist_target"] = torch.as_tensor(scaled[idx], dtype=torch.float32)  # (W, N, Dy)

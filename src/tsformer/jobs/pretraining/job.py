@@ -19,7 +19,7 @@ from tsformer.config import command_line
 from tsformer.data.sequences import ClassificationData
 from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, refuses
 from tsformer.jobs.classification import job as classification
-from tsformer.jobs.classification.classifier import Classifier, not_a_classifier, save_classifier_folder
+from tsformer.jobs.classification.classifier import FOLDER, not_a_classifier, save_classifier_folder
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.tasks.pretraining import MaskedPretraining
 
@@ -72,10 +72,9 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     """Nothing beyond the checkpoint and the model folder (`callbacks.MLflowRun.log_outputs`)."""
 
 
-load = Classifier.load  # for init_from; it answers no table (`not_a_classifier`)
-
 JOB = job_of_module(
     __name__,
+    folders=(FOLDER,),
     name="pretraining",
     tasks=(MaskedPretraining,),
     data="labelled sequences or streams with a classifier's model config, for pretrain=masked",
