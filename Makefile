@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,spark]"
 	$(PY) -m pip install -q --no-deps "TSB-AD==$(TSB_AD_VERSION)"
 	touch $@
 
@@ -26,11 +26,11 @@ $(VENV)/.installed: pyproject.toml setup.py
 test: install
 	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile
 
-# The unit tests alone (under a minute on 2 cores): no training run, no real data, no GPU (markers in
-# pyproject.toml). Run it while working; `make test` before a commit.
+# The unit tests alone (under a minute on 2 cores): no training run, no real data, no GPU, no Spark
+# (markers in pyproject.toml). Run it while working; `make test` before a commit.
 test-fast: install
 	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile \
-		-m "not slow and not needs_data and not gpu"
+		-m "not slow and not needs_data and not gpu and not spark"
 
 LINT_PATHS := src tests benchmarks tools train.py predict.py
 

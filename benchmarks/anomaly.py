@@ -1,8 +1,9 @@
-"""Anomaly detection on labelled benchmarks (issue 34): our detector beside classical baselines fitted on
+"""Anomaly detection on labelled benchmarks (issues 34, 41): our detector beside simple scores fitted on
 the same train rows in the same run, and beside TSB-AD's published VUS-PR table.
 
-    OMP_NUM_THREADS=1 python benchmarks/anomaly.py --method none          # baselines only, every file
-    python benchmarks/anomaly.py --method masked --seeds 0 1 2 --setting window=64
+    OMP_NUM_THREADS=1 python benchmarks/anomaly.py --method none          # the peers only, every file
+    OMP_NUM_THREADS=1 python benchmarks/anomaly.py --datasets msl --method masked --seeds 0 1 2
+    python benchmarks/anomaly.py --datasets msl_tuning skab_tuning --method masked --set model.score=hybrid
     python benchmarks/anomaly.py --datasets skab --files 3 --results /tmp/R.md  # a quick check
 
 Data (`--data`, default ../shared/data/anomaly beside the repository; read in place, see SOURCE.md):
@@ -12,40 +13,55 @@ Data (`--data`, default ../shared/data/anomaly beside the repository; read in pl
   scored (`--skab-anomaly-free` adds SKAB's separate normal run to every run's train rows; off unless
   given, and the results' header says which);
 - `univariate`: TSB-AD-U's NAB file (train on its `tr_` prefix) and UCR 135 (train on aeon's TRAIN
-  part), every row scored: a quick check.
+  part), every row scored: a quick check;
+- where settings are chosen (never on the sets above): `msl_tuning`, TSB-AD's 2 MSL tuning files, and
+  `skab_tuning`, SKAB's anomaly-free run cut into 8 runs with the plant's faults injected
+  (`anomaly_datasets.py`).
 
 Every method sees the same train rows; labels are used only by the evaluation
 (`tsformer.jobs.anomaly.evaluation`: TSB-AD's VUS-PR, VUS-ROC, AUC-PR, AUC-ROC on the scored rows, with
 the sliding window from the scored rows' first channel).
-- Baselines (`tsformer.jobs.anomaly.baselines`): Hotelling T², PCA residual, IsolationForest and a uniform
-  random score, each fitted on all the train rows for the threshold-free metrics.
-- Our detector (`--method masked|forecast`): `tsformer.jobs.anomaly.detector.fit_detector(train, val,
-  channels, method=..., seed=..., **settings)` with `train` the first 80 % of the train rows and `val`
-  their last 20 % (`--val-fraction`): validation never comes from scored rows. Settings come from
-  `--setting KEY=VALUE` and are fixed in advance for a whole data set, never chosen on its labels.
+- Peers (`tsformer.jobs.anomaly.baselines`, and `KMeansAD` here): Hotelling T², PCA residual,
+  IsolationForest, a uniform random score, the window memory (issue 41's 20 lines of numpy), the PCA
+  residual with the same window-to-row mean, and TSB-AD's own KMeansAD (k = 10, windows of 40), each
+  fitted on all the train rows for the threshold-free metrics.
+- Our detector (`--method masked|forecast`): the job's task trained as `train.py` trains it
+  (`train.fit_task` on the config of `experiment=anomaly_benchmark model=enc_only_anomaly |
+  dec_only_anomaly seed=S`, then `--set` Hydra overrides), on the run's table without its labels, the
+  train rows its normal rows (their last `--val-fraction` its validation rows: the checkpoint, the
+  error scales and the threshold); validation never comes from scored rows. The settings are fixed in
+  advance for every data set (benchmarks/RESULTS_anomaly.md says where they were chosen). A hybrid's
+  parts are measured beside it (`ours (masked), its memory`, ...: the same network and scores).
 - Alarm metrics (F1, event recall, false alarms per 1,000 normal rows) at a threshold calibrated on
   normal rows only, the same way for every method: fitted on the first 80 % of the train rows, the
   threshold is the (1 - `--false-alarm-rate`) quantile of the scores of the last 20 %. (A baseline's
   threshold-free metrics come from its fit on all the train rows; its alarm metrics from this second
   fit. With 80-300 validation rows per file, a rate below about 1/rows means "above the largest
   validation score".)
-- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest and the random score (seed x 10,000 + the
-  file's index) and the detector (the seed itself); T² and PCA are deterministic. A mean over files is taken per seed; `±` is the sd of those means over seeds.
+- Seeds (`--seeds`, default 0 1 2) reseed IsolationForest, KMeansAD and the random score (seed x 10,000
+  + the file's index) and the detector (the seed itself); the other peers are deterministic. A mean
+  over files is taken per seed; `±` is the sd of those means over seeds.
 - `--rows ROWS` keeps every file x method x seed row in `ROWS-<dataset>.csv`; `--merge ROWS` tabulates
   an earlier run's rows (the same settings, other seeds) with this run's, so seeds measured in
   separate runs make one table (`--seeds` with no seed only tabulates).
 - Times: fit and score seconds (the whole table, every row) summed over files, mean over seeds, and as
-  a ratio to IsolationForest's in the same run.
+  a ratio to IsolationForest's in the same run. Our fit is `fit_task`'s: training, the test pass over
+  the table's later rows, the memory and the calibration.
 
 Tables are printed as markdown and written to `--results` between `<!-- table NAME -->` markers
-(NAME = `<dataset>-<method>`); the notes written by hand around them are kept.
+(NAME = `<dataset>-<method>[-<--tag>]`); the notes written by hand around them are kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import contextlib
+import copy
+import functools
+import io
+import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,7 +74,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 import anomaly_datasets as datasets
 
-from tsformer.jobs.anomaly.baselines import baselines
+from tsformer.jobs.anomaly.baselines import BaselineScores, baselines
 from tsformer.jobs.anomaly.evaluation import alarm_metrics, evaluate
 
 DEFAULT_DATA = REPO / ".." / "shared" / "data" / "anomaly"
@@ -101,23 +117,94 @@ class Baseline:
         return self.model.score(table.to_numpy())
 
 
+class KMeansAD:
+    """TSB-AD's own KMeansAD (`TSB_AD.models.KMeansAD`: k-means on z-scored windows, a window's score its
+    distance to its centre, rows the mean of their windows) with TSB-AD's published settings, k = 10 and
+    windows of 40 rows, fitted on the train rows (TSB-AD fits it on the whole series)."""
+
+    name = "kmeans_ad"
+    description = "TSB-AD's KMeansAD (k=10, window 40) fitted on the train rows"
+
+    def __init__(self, seed: int = 0, k: int = 10, window: int = 40):
+        self.seed, self.k, self.window = seed, k, window
+
+    def fit(self, train):
+        from TSB_AD.models.KMeansAD import KMeansAD as TSBKMeansAD
+
+        self.model = TSBKMeansAD(k=self.k, window_size=self.window, stride=1)
+        self.model.model.set_params(random_state=self.seed)
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its padding and shapes
+            self.model.fit(np.asarray(train, dtype=float))
+        return self
+
+    def score(self, x) -> BaselineScores:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return BaselineScores(self.model.predict(np.asarray(x, dtype=float)), None)
+
+
+DETERMINISTIC = ("hotelling_t2", "pca_residual", "window_memory", "pca_residual_window")  # one seed stands
+DETECTOR_MODELS = {"masked": "enc_only_anomaly", "forecast": "dec_only_anomaly"}
+
+
 class Detector:
-    """Our detector (`tsformer.jobs.anomaly.detector`), `method` masked or forecast."""
+    """Our detector: the job's task trained as `train.py` trains it (`train.fit_task` on the config of
+    `experiment=anomaly_benchmark model=<enc_only_anomaly | dec_only_anomaly>` and `--set` overrides),
+    on a run's table with its train rows as the normal rows (their last `--val-fraction` validation);
+    no label is in the table it sees."""
 
-    def __init__(self, method: str, seed: int, settings: dict):
-        from tsformer.jobs.anomaly.detector import fit_detector
-
-        self.fit_detector, self.method, self.seed, self.settings = fit_detector, method, seed, settings
+    def __init__(self, method: str, seed: int, overrides: list[str], val_fraction: float):
         self.name = f"ours ({method})"
+        self.overrides = [
+            "experiment=anomaly_benchmark", f"model={DETECTOR_MODELS[method]}", f"seed={seed}",
+            f"data.val_fraction={val_fraction}", *overrides,
+        ]  # fmt: skip
 
-    def fit(self, train: pd.DataFrame, val: pd.DataFrame | None):
-        self.fitted = self.fit_detector(
-            train, val, list(train.columns), method=self.method, seed=self.seed, **self.settings
-        )
+    def fit_run(self, table: pd.DataFrame, train_end: int):
+        from omegaconf import open_dict
+
+        from tsformer.train import fit_task
+
+        with tempfile.TemporaryDirectory() as folder:
+            cfg = composed(tuple(self.overrides), folder)
+            with open_dict(cfg):
+                cfg.data.target_cols = list(table.columns)
+                cfg.data.train_end = int(train_end)
+                cfg.data.name = "benchmark"
+            with _quiet_lightning():
+                self.task = fit_task(cfg, source=table.reset_index(drop=True)).task
         return self
 
     def score(self, table: pd.DataFrame):
-        return self.fitted.score(table)
+        return self.task.score(table.reset_index(drop=True))
+
+
+@functools.cache
+def _composed_once(overrides: tuple[str, ...]):
+    from tsformer.train import compose_config
+
+    return compose_config(list(overrides), tempfile.gettempdir())  # each run names its own folder
+
+
+def composed(overrides: tuple[str, ...], folder: str):
+    """The config of `overrides` in output folder `folder` (Hydra composes it once: a second per call)."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = copy.deepcopy(_composed_once(overrides))
+    with open_dict(cfg):
+        cfg.paths.output_dir = folder
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Lightning's notes on devices and tips (the script prints its own figures), its warnings kept."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def timed(call, *args):
@@ -132,7 +219,8 @@ def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -
     fit_rows, val_rows, cut = split_train(run, args.val_fraction, extra)
     method = make()
     if isinstance(method, Detector):  # trains once, on the fit rows, with its validation rows
-        _, fit_s = timed(method.fit, fit_rows, val_rows)
+        table = with_extra(run.table, extra)
+        _, fit_s = timed(method.fit_run, table, run.train_end + len(table) - len(run.table))
         calibration = method
     else:  # a baseline: the published protocol on every train row; a second fit for its threshold
         _, fit_s = timed(method.fit, with_extra(run.train, extra), None)
@@ -151,35 +239,42 @@ def measure(make, run: datasets.LabelledRun, args, extra: pd.DataFrame | None) -
         score if calibration is method else np.asarray(calibration.score(run.table).score, dtype=float)
     )
     out.update(alarm_metrics(alarm_score[scored] > threshold, run.scored_label))
-    return out | {"fit_s": fit_s, "score_s": score_s}
+    out = {method.name: out | {"fit_s": fit_s, "score_s": score_s}}
+    for part, values in getattr(result, "parts", {}).items():  # a hybrid's parts, beside it
+        figures = evaluate(values[scored], run.scored_label, run.scored.iloc[:, 0].to_numpy())
+        out[f"{method.name}, its {part}"] = figures | {"fit_s": fit_s, "score_s": score_s}
+    return out
 
 
 def methods(args, seed: int, file_index: int) -> dict:
     """name -> a maker of a fresh, unfitted method, for one seed and file. The baselines' seed is
     seed x 10,000 + the file's index, so that files do not share one random stream (with one stream,
     every SKAB run's random score had the same validation rows, hence the same threshold)."""
-    names = [b.name for b in baselines()]
     file_seed = seed * 10_000 + file_index
-    makers = {name: (lambda i=i: Baseline(baselines(file_seed)[i])) for i, name in enumerate(names)}
+
+    def peers() -> list:
+        return [*baselines(file_seed), KMeansAD(file_seed)]
+
+    makers = {b.name: (lambda i=i: Baseline(peers()[i])) for i, b in enumerate(peers())}
     if args.method != "none":
-        makers[f"ours ({args.method})"] = lambda: Detector(args.method, seed, args.settings)
+        makers[f"ours ({args.method})"] = lambda: Detector(args.method, seed, args.set, args.val_fraction)
     return makers
 
 
 def run_dataset(name: str, args) -> pd.DataFrame:
     """One row per file x method x seed; deterministic baselines measured for the first seed only."""
-    runs = datasets.DATASETS[name](args.data)[: args.files or None]
+    runs = (datasets.DATASETS | datasets.TUNING)[name](args.data)[: args.files or None]
     extra = datasets.skab_anomaly_free(args.data) if name == "skab" and args.skab_anomaly_free else None
     rows = []
     for index, run in enumerate(runs):
         for i, seed in enumerate(args.seeds):
             for method, make in methods(args, seed, index).items():
-                if i > 0 and method in ("hotelling_t2", "pca_residual"):
+                if i > 0 and method in DETERMINISTIC:
                     continue  # no randomness: the first seed's figures stand for every seed
-                rows.append(
-                    {"file": run.name, "method": method, "seed": seed, "config": config(args)}
-                    | measure(make, run, args, extra)
-                )
+                for label, figures in measure(make, run, args, extra).items():
+                    rows.append(
+                        {"file": run.name, "method": label, "seed": seed, "config": config(args)} | figures
+                    )
             print(f"{name} {run.name} seed {seed}: done", file=sys.stderr, flush=True)
             if args.rows:  # as it goes, so that a run cut short keeps what it measured
                 pd.DataFrame(rows).to_csv(args.rows.with_name(f"{args.rows.name}-{name}.csv"), index=False)
@@ -189,7 +284,7 @@ def run_dataset(name: str, args) -> pd.DataFrame:
 def config(args) -> str:
     """What must agree between runs whose rows are tabulated together (`--merge`)."""
     return (
-        f"method={args.method} settings={args.settings} false_alarm_rate={args.false_alarm_rate} "
+        f"method={args.method} set={args.set} false_alarm_rate={args.false_alarm_rate} "
         f"val_fraction={args.val_fraction} skab_anomaly_free={args.skab_anomaly_free}"
     )
 
@@ -283,7 +378,7 @@ def report(name: str, rows: pd.DataFrame, args, stamp: str) -> str:
         f"{' '.join(map(str, sorted(rows['seed'].unique())))}, threshold at false-alarm rate {args.false_alarm_rate} on the last "
         f"{args.val_fraction:.0%} of the train rows"
         + ("; SKAB's anomaly-free run added to every run's train rows" if args.skab_anomaly_free else "")
-        + (f"; detector settings {args.settings}" if args.method != "none" else "")
+        + (f"; the detector's overrides {args.set}" if args.method != "none" else "")
         + ".",
         "",
         *summary(rows),
@@ -305,30 +400,26 @@ def report(name: str, rows: pd.DataFrame, args, stamp: str) -> str:
     return "\n".join(notes)
 
 
-def setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected KEY=VALUE")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value  # a plain word stays a string
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument(
-        "--datasets", nargs="+", choices=list(datasets.DATASETS), default=list(datasets.DATASETS)
+        "--datasets",
+        nargs="+",
+        choices=[*datasets.DATASETS, *datasets.TUNING],
+        default=list(datasets.DATASETS),
     )
     parser.add_argument("--method", choices=["masked", "forecast", "none"], default="none")
     parser.add_argument(
         "--seeds", nargs="*", type=int, default=[0, 1, 2], help="none: only tabulate the --merge rows"
     )
     parser.add_argument(
-        "--setting", type=setting, action="append", default=[], help="KEY=VALUE for fit_detector"
+        "--set",
+        nargs="*",
+        default=[],
+        help="Hydra overrides of the detector's config, e.g. model.score=memory",
     )
     parser.add_argument("--false-alarm-rate", type=float, default=0.01)
     parser.add_argument("--val-fraction", type=float, default=0.2)
@@ -339,6 +430,9 @@ def main() -> None:
         "--files", type=int, default=0, help="only the first N files of each data set (0: all)"
     )
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "RESULTS_anomaly.md")
+    parser.add_argument(
+        "--tag", default="", help="the tables' name is <dataset>-<method>-TAG (two runs of one method)"
+    )
     parser.add_argument(
         "--rows",
         type=Path,
@@ -352,23 +446,19 @@ def main() -> None:
         help="ROWS of earlier runs (their --rows) tabulated with this run's: same settings, other seeds",
     )
     args = parser.parse_args()
-    args.settings = dict(args.setting)
     if not args.data.is_dir():
         parser.exit(2, f"error: --data {args.data}: no such folder (see ../shared/data/anomaly/SOURCE.md)\n")
     if not args.seeds and not args.merge:
         parser.exit(2, "error: --seeds with no seed runs nothing: give seeds or --merge earlier rows\n")
     if not 0 < args.false_alarm_rate < 1 or not 0 < args.val_fraction < 1:
         parser.exit(2, "error: --false-alarm-rate and --val-fraction must lie between 0 and 1\n")
-    if args.method != "none":
-        try:
-            import tsformer.jobs.anomaly.detector  # noqa: F401
-        except ImportError as e:
-            parser.exit(2, f"error: --method {args.method} needs tsformer.jobs.anomaly.detector ({e})\n")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for name in args.datasets:
         text = report(name, merged(name, run_dataset(name, args), args), args, stamp)
         print(text + "\n", flush=True)
-        write_results(args.results, text, f"{name}-{args.method}", TITLE)
+        write_results(
+            args.results, text, "-".join([name, args.method, *([args.tag] if args.tag else [])]), TITLE
+        )
     print(f"results: {args.results}")
 
 

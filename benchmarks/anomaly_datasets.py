@@ -173,4 +173,41 @@ def univariate(root: str | Path) -> list[LabelledRun]:
     return nab + ucr
 
 
+def msl_tuning(root: str | Path) -> list[LabelledRun]:
+    """TSB-AD's 2 MSL tuning files in `root`/MSL_tuning (disjoint from the 14): settings are chosen here."""
+    return [tsb_ad_file(p) for p in _files(Path(root) / "MSL_tuning", "*_MSL_*_tr_*.csv")]
+
+
+TUNING_FAULTS = {"spike": 3, "stuck": 300, "drift": 400, "relation": 300}  # the plant's faults, their lengths
+SKAB_TUNING_RUNS = 8
+
+
+def skab_tuning(root: str | Path, seed: int = 0) -> list[LabelledRun]:
+    """SKAB's anomaly-free run cut into 8 runs of SKAB's shape (the first 400 rows train, the rest scored),
+    each with one of the plant's faults (`data.plant_anomaly.inject_fault`, in turn spike, stuck, drift,
+    changed relation: the sensor's rise over its train mean cut to a quarter) on a sensor drawn at random,
+    at a random row of its scored part: SKAB's settings are chosen here, never on its 34 labelled runs."""
+    from tsformer.data.plant_anomaly import inject_fault
+
+    free = skab_anomaly_free(root)
+    rng = np.random.default_rng(seed)
+    length = len(free) // SKAB_TUNING_RUNS
+    runs = []
+    for i in range(SKAB_TUNING_RUNS):
+        table = free.iloc[i * length : (i + 1) * length].reset_index(drop=True)
+        fault = list(TUNING_FAULTS)[i % len(TUNING_FAULTS)]
+        n = TUNING_FAULTS[fault]
+        channel = SKAB_CHANNELS[int(rng.integers(len(SKAB_CHANNELS)))]
+        start = SKAB_TRAIN_ROWS + int(rng.integers(50, length - SKAB_TRAIN_ROWS - n - 50))
+        hit = np.arange(start, start + n)
+        train = table[channel].to_numpy()[:SKAB_TRAIN_ROWS]
+        reference = np.full(length, train.mean())
+        table[channel] = inject_fault(table[channel].to_numpy(), hit, fault, train.std(), reference)
+        label = np.zeros(length, dtype=int)
+        label[hit] = 1
+        runs.append(LabelledRun(f"free{i}-{fault}-{channel}", table, label, SKAB_TRAIN_ROWS, SKAB_TRAIN_ROWS))
+    return runs
+
+
 DATASETS = {"msl": msl, "skab": skab, "univariate": univariate}
+TUNING = {"msl_tuning": msl_tuning, "skab_tuning": skab_tuning}  # where settings are chosen

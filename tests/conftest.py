@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 REPO = Path(__file__).resolve().parents[1]
 # the benchmark scripts' own modules (e.g. anomaly_datasets: the labelled sets' loaders) import as
@@ -144,3 +146,18 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return tmp_path
+
+
+class CountAllocations(TorchDispatchMode):
+    """The number of tensor elements created on a real device (not PyTorch's meta device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.elements += sum(
+            t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        )
+        return out

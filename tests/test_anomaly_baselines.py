@@ -10,6 +10,8 @@ from tsformer.jobs.anomaly.baselines import (
     IsolationForestScore,
     PCAResidual,
     RandomScore,
+    WindowedPCAResidual,
+    WindowMemoryScore,
     baselines,
 )
 
@@ -97,4 +99,29 @@ def test_bad_rows_are_named():
         "pca_residual",
         "isolation_forest",
         "random",
+        "window_memory",
+        "pca_residual_window",
     ]
+    with pytest.raises(ValueError, match="window_memory was fitted on 4 channels, given 3"):
+        WindowMemoryScore(length=8).fit(correlated_rows(50)).score(correlated_rows(20)[:, :3])
+
+
+def test_window_memory_is_the_distance_to_the_nearest_train_window_averaged_over_covering_windows():
+    rng = np.random.default_rng(0)
+    train = [np.c_[correlated_rows(60, seed=s), rng.integers(0, 2, 60)] for s in (1, 2)]  # 2 series, a state
+    x = np.c_[correlated_rows(30, seed=3), rng.integers(0, 2, 30)]
+    score = WindowMemoryScore(length=8).fit(train).score(x).score
+    rows = np.concatenate(train)
+    mean, sd = rows.mean(axis=0), rows.std(axis=0)
+    mean[4], sd[4] = 0.0, 1.0  # the 0/1 channel is left as it is
+    z = [(s - mean) / sd for s in [*train, x]]
+    memory = [s[a : a + 8].ravel() for s in z[:2] for a in range(len(s) - 7)]  # never across the two series
+    windows = [np.min([np.linalg.norm(z[2][a : a + 8].ravel() - m) for m in memory]) for a in range(23)]
+    expected = [np.mean([windows[a] for a in range(23) if a <= t < a + 8]) for t in range(30)]
+    np.testing.assert_allclose(score, expected, rtol=1e-6)
+    pca = WindowedPCAResidual(length=8).fit(rows).score(x)
+    by_row = PCAResidual().fit(rows).score(x).score
+    window_means = [by_row[a : a + 8].mean() for a in range(23)]
+    expected = [np.mean([window_means[a] for a in range(23) if a <= t < a + 8]) for t in range(30)]
+    np.testing.assert_allclose(pca.score, expected, rtol=1e-6)
+    np.testing.assert_allclose(pca.contributions.sum(axis=1), pca.score)

@@ -1,7 +1,6 @@
-"""benchmarks/anomaly.py: the detector is called with exactly `fit_detector(train, val, channels, *,
-method, seed, **settings)`, trained and validated on train rows only, and scored beside the baselines;
-the tables go between their markers in the results file. A stand-in detector and a tiny SKAB-shaped
-folder: no real data, no training."""
+"""benchmarks/anomaly.py: the detector is trained by `train.fit_task` on the composed configs, on train
+rows only and without labels, and scored beside the peers; the tables go between their markers in the
+results file. A stand-in for the training and a tiny SKAB-shaped folder: no real data, no training."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import pytest
 from anomaly_datasets import SKAB_CHANNELS, SKAB_FOLDERS, SKAB_TRAIN_ROWS
 
 from conftest import REPO
-from tsformer.jobs.anomaly.baselines import HotellingT2
+from tsformer.jobs.anomaly.baselines import HotellingT2, baselines
 
 
 def skab_folder(root, rows: int = 520) -> None:
@@ -33,21 +32,24 @@ def skab_folder(root, rows: int = 520) -> None:
         frame.to_csv(root / "SKAB" / folder / "0.csv", sep=";", index=False)
 
 
-def test_the_detector_trains_on_train_rows_only_and_is_scored_beside_the_baselines(tmp_path, monkeypatch):
+def test_the_detector_trains_as_train_py_does_on_train_rows_without_labels(tmp_path, monkeypatch):
+    """The benchmark trains the job's task with `train.fit_task` on the composed configs
+    (experiment=anomaly_benchmark, the method's model, the seed, --set overrides), the run's table
+    without its labels and its train rows as the normal rows; it is scored beside the peers."""
     skab_folder(tmp_path)
     calls = []
 
-    def fit_detector(train, val, channels, *, method, seed, **settings):
-        calls.append(
-            {"train": train.index, "val": val.index, "channels": channels, "method": method, "seed": seed}
-            | settings
+    def fit_task(cfg, source=None):
+        calls.append({"cfg": cfg, "source": source})
+        channels = list(cfg.data.target_cols)
+        model = HotellingT2().fit(source[channels].to_numpy()[: cfg.data.train_end])
+        return types.SimpleNamespace(
+            task=types.SimpleNamespace(score=lambda t: model.score(t[channels].to_numpy()))
         )
-        model = HotellingT2().fit(train[channels].to_numpy())
-        return types.SimpleNamespace(score=lambda table: model.score(table[channels].to_numpy()))
 
-    detector = types.ModuleType("tsformer.jobs.anomaly.detector")
-    detector.fit_detector = fit_detector
-    monkeypatch.setitem(sys.modules, "tsformer.jobs.anomaly.detector", detector)
+    import tsformer.train
+
+    monkeypatch.setattr(tsformer.train, "fit_task", fit_task)
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     anomaly = importlib.import_module("anomaly")
     results = tmp_path / "RESULTS.md"
@@ -56,20 +58,28 @@ def test_the_detector_trains_on_train_rows_only_and_is_scored_beside_the_baselin
     )
     argv = ["anomaly.py", "--data", str(tmp_path), "--datasets", "skab", "--files", "1", "--seeds", "7"]
     monkeypatch.setattr(
-        sys, "argv", [*argv, "--method", "forecast", "--setting", "window=16", "--results", str(results)]
+        sys,
+        "argv",
+        [*argv, "--method", "forecast", "--set", "model.score_window=8", "--results", str(results)],
     )
     anomaly.main()
 
-    assert [(c["method"], c["seed"], c["window"]) for c in calls] == [("forecast", 7, 16)]
-    for call in calls:  # the first 80 % of the train rows fit, the last 20 % validate; no scored row
-        assert list(call["train"]) == list(range(320)) and list(call["val"]) == list(
-            range(320, SKAB_TRAIN_ROWS)
-        )
-        assert call["channels"] == SKAB_CHANNELS
+    (call,) = calls
+    cfg = call["cfg"]
+    assert (
+        cfg.seed == 7
+        and cfg.model._target_.endswith("ForecastAnomalyDetector")
+        and cfg.model.score_window == 8
+    )
+    assert (
+        cfg.data.train_end == SKAB_TRAIN_ROWS and cfg.data.val_fraction == 0.2 and cfg.data.label_col is None
+    )
+    assert list(cfg.data.target_cols) == SKAB_CHANNELS == list(call["source"].columns)  # no label column
+    assert cfg.trainer.max_steps > 0 and "mlflow" not in str(cfg.get("logger"))  # no MLflow run
     text = results.read_text()
     assert text.startswith("notes before\n<!-- table skab-forecast -->\n### skab, method forecast")
     assert text.endswith("<!-- /table skab-forecast -->\nnotes after\n") and "\nold\n" not in text
-    for method in ("ours (forecast)", "hotelling_t2", "pca_residual", "isolation_forest", "random"):
+    for method in ("ours (forecast)", *(b.name for b in baselines()), "kmeans_ad"):
         assert f"| {method} | " in text
 
 

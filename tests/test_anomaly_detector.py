@@ -1,4 +1,5 @@
-"""Anomaly scores, calibrated alarms and events (tsformer.jobs.anomaly); tiny models, `slow` where they train."""
+"""Anomaly scores, calibrated alarms and events (tsformer.tasks.anomaly, tsformer.jobs.anomaly): the
+detectors trained as train.py trains them (`train.fit_task` on the real configs), tiny, `slow`."""
 
 from __future__ import annotations
 
@@ -6,27 +7,179 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import TINY_ANOMALY
+from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows, state_channels
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
-from tsformer.jobs.anomaly.alarms import EventRule, calibrate_threshold, events_of
-from tsformer.jobs.anomaly.detector import check_table, fit_detector
+from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
+from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
+from tsformer.model_folder import ModelInfo
+from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
+from tsformer.tasks.base import RECONSTRUCTIONS
+from tsformer.train import compose_config, fit_task
 
 CHANNELS = ["ambient_temperature", "supply_voltage", "dynamic_temperature", "dynamic_pressure"]
-TINY = {
-    "context_len": 16,
-    "d_model": 16,
-    "n_heads": 2,
-    "n_layers": 1,
-    "steps": 40,
-    "batch_size": 16,
-    "stride": 4,
-}
+N_TRAIN = 800  # the first rows of the table are normal: train and validation
+
+
+def with_valve(table: pd.DataFrame) -> pd.DataFrame:
+    """The plant with a state channel: a valve open (1) or shut (0), switching every 150 rows."""
+    return table.assign(valve=((np.arange(len(table)) // 150) % 2).astype(float))
 
 
 @pytest.fixture(scope="module")
 def plant():
-    return simulate_plant(n_series=1, n_steps=1200, seed=3)
+    return with_valve(simulate_plant(n_series=1, n_steps=1200, seed=3))
+
+
+def fit(table: pd.DataFrame, folder, *overrides: str, label: str | None = None):
+    """A tiny detector trained on `table`'s first N_TRAIN rows by `train.fit_task` (the real configs)."""
+    cfg = compose_config(
+        [*TINY_ANOMALY, "logger=none", f"data.target_cols=[{','.join([*CHANNELS, 'valve'])}]",
+         f"data.train_end={N_TRAIN}", f"data.label_col={label or 'null'}", *overrides],
+        folder,
+    )  # fmt: skip
+    return fit_task(cfg, source=table).task
+
+
+@pytest.fixture(scope="module")
+def hybrid(plant, tmp_path_factory):
+    return fit(plant, tmp_path_factory.mktemp("hybrid"), "model.score=hybrid")
+
+
+# -- window scores back to rows ----------------------------------------------------------------------
+
+
+def test_a_rows_score_is_the_mean_over_the_windows_that_cover_it():
+    starts = covering_window_starts(10, 4, 3)
+    assert starts.tolist() == [0, 3, 6]  # the last window ends at the last row
+    scores = np.array([1.0, 2.0, 6.0])
+    np.testing.assert_allclose(rows_of_windows(scores, starts, 4, 10), [1, 1, 1, 1.5, 2, 2, 4, 6, 6, 6])
+    # the causal form: the windows that end at or before a row, in the 4 rows up to it
+    np.testing.assert_allclose(
+        causal_rows_of_windows(scores, starts, 4, 10), [0, 0, 0, 1, 1, 1, 1.5, 2, 2, 4]
+    )
+
+
+def test_the_state_channel_rule_and_the_data_leave_states_as_they_are():
+    values = np.array([[0.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.5, 5.0]])
+    # 0/1 values; constant 1; a third level; a constant other than 0 or 1
+    assert state_channels(values).tolist() == [True, True, False, False]
+    table = pd.DataFrame(np.tile(values, (20, 1)), columns=list("abcd"))
+    data = AnomalyData(table, target_cols=list("abcd"), context_len=4, train_end=40)
+    data.setup()
+    assert data.state_names == ["a", "b"]
+    assert data.loc[:2].tolist() == [0.0, 0.0] and data.scale[:2].tolist() == [1.0, 1.0]  # not z-scored
+    assert data.scale[2] != 1.0
+
+
+def test_validation_blocks_spread_over_the_normal_rows_and_no_window_crosses_a_piece():
+    table = pd.DataFrame({"series_id": np.repeat(["a", "b"], 100), "x": np.arange(200.0)})
+    train, val = split_normal_rows(table, 0.2, blocks=4)
+    # each series: 4 blocks of 25 rows, the last 5 of each held out
+    assert val["x"].tolist() == [
+        v + 25 * k + 100 * s for s in (0, 1) for k in range(4) for v in range(20, 25)
+    ]
+    assert len(series_rows(train)) == len(series_rows(val)) == 8
+    data = AnomalyData(table, target_cols=["x"], context_len=5, train_end=1.0 - 1e-9, val_blocks=4)
+    data.set_tables(train, val, val)
+    windows = [data.datasets["train"][i]["hist_target"][:, 0] for i in range(len(data.datasets["train"]))]
+    assert len(windows) == 8 * (20 - 5 + 1)  # never across the 5 held-out rows between two pieces
+    assert all(np.allclose(np.diff(w.numpy()) * data.scale[0], 1.0) for w in windows)
+
+
+# -- the trained detector ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_states_are_read_from_the_train_rows_never_hidden_and_not_restored(hybrid, plant):
+    assert hybrid.state_names == ["valve"] and hybrid.hparams.score == "hybrid"
+    mask = hybrid.hidden_mask((64, 16, 5))
+    assert not mask[..., 4].any() and mask[..., :4].any()
+    parts = hybrid.row_parts(plant.iloc[800:1000])
+    assert (parts["restoration"][:, 4] == 0).all()  # a state is not restored ...
+    assert (parts["memory"][:, 4] >= 0).all()  # ... but a window with it is compared whole
+
+
+@pytest.mark.slow
+def test_a_spike_moves_only_the_scores_of_rows_whose_covering_windows_hold_it(hybrid, plant):
+    table = plant.iloc[N_TRAIN:1100].reset_index(drop=True)
+    spiked = table.copy()
+    spiked.loc[200, "dynamic_pressure"] += 30 * table["dynamic_pressure"].std()
+    before, after = hybrid.score(table), hybrid.score(spiked)
+    # windows of 16 rows every 4: those holding row 200 start at 188..200, so they cover rows 188..215
+    held = np.zeros(len(table), dtype=bool)
+    held[188:216] = True
+    np.testing.assert_array_equal(before.score[~held], after.score[~held])
+    assert (after.score[196:205] > before.score[196:205]).all()
+    assert after.top_channels(1)[200] == ["dynamic_pressure"]
+
+
+@pytest.mark.slow
+def test_the_causal_form_never_reads_a_later_row(hybrid, plant):
+    table = plant.iloc[N_TRAIN:1000].reset_index(drop=True)
+    changed = table.copy()
+    changed.loc[120:, CHANNELS] = changed.loc[120:, CHANNELS] * 3 + 50  # every later row changes
+    before, after = hybrid.score(table, causal=True), hybrid.score(changed, causal=True)
+    np.testing.assert_array_equal(before.contributions[:120], after.contributions[:120])
+    assert not np.allclose(before.score[120:], after.score[120:])  # and the later scores do see it
+    assert (before.score[:15] == 0).all()  # no complete window before row 15
+
+
+@pytest.mark.slow
+def test_the_memorys_top_channel_is_the_faulty_sensor(hybrid, plant):
+    table = plant.iloc[N_TRAIN:1100].reset_index(drop=True)
+    faulty = table.copy()
+    sensor = "dynamic_temperature"
+    faulty.loc[100:160, sensor] = table[sensor].iloc[100] + 4 * table[sensor].std()  # stuck, off by 4 sd
+    names = np.asarray(hybrid.channels)
+    normal, fault = hybrid.row_parts(table)["memory"], hybrid.row_parts(faulty)["memory"]  # (T, C)
+    assert names[normal[110:150].sum(axis=0).argmax()] != sensor  # without the fault another channel leads
+    assert names[fault[110:150].sum(axis=0).argmax()] == sensor
+    assert fault[110:150].sum() > 1.5 * normal[110:150].sum()
+
+
+@pytest.mark.slow
+def test_a_model_folder_with_the_memory_reloads_and_scores_the_same(hybrid, plant, tmp_path):
+    assert hybrid.hparams.memory_windows == len(hybrid.memory.keys) > 0
+    info = ModelInfo(family="enc_only", dataset="plant", run_id=None, git_commit=None)
+    folder = AnomalyModel.of_task(hybrid, AnomalyContract(), info).save(tmp_path / "model")
+    again = AnomalyModel.load(folder).detector
+    table = plant.iloc[N_TRAIN:1100].reset_index(drop=True)
+    first, second = hybrid.score(table), again.score(table)
+    np.testing.assert_allclose(second.score, first.score, rtol=1e-6)
+    np.testing.assert_allclose(second.parts["memory"], first.parts["memory"], rtol=1e-6)
+    assert again.state_names == ["valve"] and float(again.threshold) == float(hybrid.threshold)
+
+
+@pytest.mark.slow
+def test_labels_are_never_read_while_fitting(plant, tmp_path):
+    labelled = plant.assign(label=0)
+    labelled.loc[N_TRAIN + 50 : N_TRAIN + 80, "label"] = 1
+    shuffled = labelled.assign(label=np.random.default_rng(0).permutation(labelled["label"].to_numpy()))
+    quick = ["model.score=memory", "trainer.limit_train_batches=2"]
+    a = fit(labelled, tmp_path / "a", *quick, label="label")
+    b = fit(shuffled, tmp_path / "b", *quick, label="label")
+    table = plant.iloc[N_TRAIN:].reset_index(drop=True)
+    np.testing.assert_array_equal(a.score(table).score, b.score(table).score)
+    assert float(a.threshold) == float(b.threshold)
+
+
+@pytest.mark.slow
+def test_the_forecast_score_in_its_causal_form_never_reads_a_later_row(plant, tmp_path):
+    detector = fit(plant, tmp_path, "model=dec_only_anomaly", "model.context_len=15")
+    assert isinstance(detector, ForecastAnomalyDetector) and detector.state_names == ["valve"]
+    table = plant.iloc[N_TRAIN:1000].reset_index(drop=True)
+    changed = table.copy()
+    changed.loc[120:, CHANNELS] = changed.loc[120:, CHANNELS] * 3 + 50
+    before, after = detector.score(table, causal=True), detector.score(changed, causal=True)
+    np.testing.assert_array_equal(before.contributions[:120], after.contributions[:120])
+    assert not np.allclose(before.score[120:], after.score[120:])
+    assert (before.contributions[:, 4] == 0).all()  # the state channel is not forecast
+
+
+# -- alarms, events, thresholds, settings ------------------------------------------------------------
 
 
 def test_events_k_of_n_merge_gap_and_min_duration():
@@ -83,64 +236,6 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         check_table(plant.head(10), CHANNELS, 16)
 
 
-@pytest.mark.slow
-def test_forecast_score_of_a_step_never_changes_when_later_rows_change(plant):
-    detector = fit_detector(plant.iloc[:800], None, CHANNELS, method="forecast", seed=0, **TINY)
-    table = plant.iloc[800:1000].reset_index(drop=True)
-    before = detector.score(table)
-    changed = table.copy()
-    changed.loc[120:, CHANNELS] = changed.loc[120:, CHANNELS] * 3 + 50  # every later row changes
-    after = detector.score(changed)
-    np.testing.assert_array_equal(before.contributions[:120], after.contributions[:120])
-    assert not np.allclose(before.score[120:], after.score[120:])  # and the later scores do see it
-
-
-@pytest.mark.slow
-def test_masked_score_mid_series_unchanged_by_a_spike_far_outside_its_windows(plant):
-    detector = fit_detector(plant.iloc[:800], None, CHANNELS, method="masked", seed=0, **TINY)
-    table = plant.iloc[800:1100].reset_index(drop=True)
-    spiked = table.copy()
-    spiked.loc[250, "dynamic_pressure"] += 50 * table["dynamic_pressure"].std()
-    before, after = detector.score(table), detector.score(spiked)
-    middle = slice(100, 200)  # windows of 16 steps: none reaches row 250 from here
-    np.testing.assert_array_equal(before.score[middle], after.score[middle])
-    assert after.score[250] > 10 * before.score[250]  # the spike itself stands out
-    assert after.top_channels(1)[250] == ["dynamic_pressure"]
-
-
-@pytest.mark.slow
-def test_calibrated_threshold_gives_the_target_rate_on_fresh_normal_rows():
-    table = simulate_plant(n_series=1, n_steps=9000, seed=5)
-    train, val, fresh = table.iloc[:3000], table.iloc[3000:5000], table.iloc[5000:]
-    detector = fit_detector(train, val, CHANNELS, method="forecast", seed=0, **(TINY | {"steps": 150}))
-    rate = 0.01
-    threshold = calibrate_threshold(detector.val_scores, rate)
-    alarms = int((detector.score(fresh).score > threshold).sum())
-    n = len(fresh)
-    spread = 4 * np.sqrt(n * rate * (1 - rate))  # binomial sd, widened: neighbouring scores share windows
-    assert abs(alarms - n * rate) <= spread, (alarms, n * rate, spread)
-
-
-@pytest.mark.slow
-def test_threshold_confidence_sets_the_upper_bound_of_the_threshold_over_blocks_of_a_window(plant):
-    """`model.threshold_confidence`: the detector's threshold is alarms.py's upper bound of the estimate,
-    with blocks of one window, above the estimate itself."""
-    train, val = plant.iloc[:800], plant.iloc[800:]
-    detector = fit_detector(train, val, CHANNELS, method="masked", seed=0, **TINY)
-    estimate = float(detector.threshold)
-    detector.hparams.threshold_confidence = 0.9
-    detector.calibrate(val)
-    bound = calibrate_threshold(detector.val_scores, 0.001, confidence=0.9, block=detector.window)
-    assert float(detector.threshold) == pytest.approx(bound) and bound > estimate
-
-
-def test_labels_and_settings_refused():
-    with pytest.raises(ValueError, match="anomaly.method='nope'"):
-        fit_detector(pd.DataFrame({"a": [1.0] * 40}), None, ["a"], method="nope")
-    with pytest.raises(ValueError, match="unknown setting"):
-        fit_detector(pd.DataFrame({"a": [1.0] * 40}), None, ["a"], colour="red")
-
-
 @pytest.mark.parametrize(
     "setting, message",
     [
@@ -150,12 +245,19 @@ def test_labels_and_settings_refused():
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
         ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
+        ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
+        ({"stride": 9}, "stride=9: at most context_len (8)"),
+        ({"state_channels": ["c"]}, "state_channels: ['c'] are not channels"),
+        (
+            {"state_channels": ["target_0", "target_1"], "score": "hybrid"},
+            "score=hybrid: every channel is a state",
+        ),
     ],
 )
-def test_a_detector_refuses_bad_alarm_settings_when_built(setting, message):
+def test_a_detector_refuses_bad_settings_when_built(setting, message):
     sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 2, "d_known": 0, "d_observed": 0}
     task = ForecastAnomalyDetector if "head" in setting else MaskedAnomalyDetector
-    window = {"context_len": 8, "horizon": 1 if task is ForecastAnomalyDetector else 0}
+    window = {"context_len": 8, "horizon": 0 if task.produces == RECONSTRUCTIONS else 1}
     with pytest.raises(ValueError) as err:
         task(**sizes, **window, **setting)
     assert str(err.value).startswith(message), str(err.value)

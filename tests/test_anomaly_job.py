@@ -5,11 +5,12 @@ tests/test_jobs.py, runs it too.)"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -18,8 +19,10 @@ import pytest
 from conftest import REPO, TINY_ANOMALY
 from tsformer.data.anomaly import split_at
 from tsformer.data.plant_anomaly import CHANNELS, simulate_plant_anomaly
-from tsformer.jobs import JOBS, load_model
 from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.jobs.anomaly.report import report_lines
+from tsformer.predict import main as predict_main
+from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
@@ -35,11 +38,14 @@ def trained(request, tmp_path_factory):
         mp.chdir(folder)  # mlflow's artifacts land here
         cfg = compose_config([*TINY_ANOMALY, f"model={request.param}", f"logger.mlflow.tracking_uri={uri}"],
                              folder / "out")  # fmt: skip
-        return run(cfg), folder, uri
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            result = run(cfg)
+        return result, folder, uri, printed.getvalue()
 
 
 def test_run_writes_rows_events_model_and_mlflow_run(trained):
-    result, folder, uri = trained
+    result, folder, uri, _ = trained
     rows = pd.read_csv(folder / "out" / "anomalies.csv")
     assert list(rows.columns[:6]) == ["series_id", "time", "score", "threshold", "alarm", "event_id"]
     assert {"top_channel_1", "label"} <= set(rows.columns)
@@ -73,7 +79,7 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]["score"]
     np.testing.assert_allclose(model.predict(table)["score"], expected)
     # tsformer-serve answers with the job's rows of a table
-    served = answer(partial(JOBS["anomaly"].predict_table, load_model(result.model_folder)), table, {})
+    served = answer(Predictor.of_folder(result.model_folder), table, {})
     np.testing.assert_allclose([row["score"] for row in json.loads(served)["predictions"]], expected)
 
 
@@ -100,6 +106,24 @@ def test_run_measures_the_score_beside_baselines_fitted_on_its_train_rows(traine
     assert result.metrics["test/hotelling_t2_vus_pr"] == pytest.approx(np.mean(by_series), abs=1e-9)
 
 
+def test_the_summary_lists_events_incidents_and_the_alarm_rate_beside_its_target(trained):
+    result, folder, _, summary = trained
+    events = pd.read_csv(folder / "out" / "events.csv")
+    lines = summary.splitlines()
+    assert any(line.startswith("anomaly: 2800 rows judged") for line in lines)
+    assert (
+        "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): none"
+        in lines
+    )
+    listed = [line for line in lines if line.startswith("  #")]
+    assert len(listed) == min(len(events), 20)
+    assert any(line.startswith("labelled incidents: 4: ") for line in lines)
+    assert sum(line.startswith("  series ") for line in lines) == 4  # each fault: found, late or missed
+    rate = result.metrics["test/normal_alarm_rate"]
+    assert f"= {rate:.4f} (target 0.01, model.false_alarm_rate)" in summary
+    assert "loss" not in summary  # the forecast detector's loss is a negative log likelihood: not shown
+
+
 def predict(model, data, output, cwd):
     return subprocess.run(
         [sys.executable, str(REPO / "predict.py"), str(model), str(data), "--output", str(output)],
@@ -107,12 +131,16 @@ def predict(model, data, output, cwd):
     )  # fmt: skip
 
 
-def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path):
-    result, _, _ = trained
+def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys):
+    result, _, _, _ = trained
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5)
     table.to_csv(tmp_path / "new.csv", index=False)
     done = predict(result.model_folder, tmp_path / "new.csv", tmp_path / "scored.csv", tmp_path)
     assert done.returncode == 0, done.stderr
+    model = AnomalyModel.load(result.model_folder)
+    rows, events, _ = model.judge(table)
+    expected = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    assert done.stdout.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]
     np.testing.assert_allclose(scored["score"], expected["score"], rtol=1e-6)
@@ -133,10 +161,16 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path):
         "empty": (holed, "column 'dynamic_pressure', row 11 (counted from 0): empty"),
         "labels": (labels, "column 'label' (data.label_col), row 3 (counted from 0): 7; labels must be 0"),
     }
-    for name, (bad, message) in cases.items():
+    for name, (bad, message) in cases.items():  # in this process: predict.py's process ran above
         bad.to_csv(tmp_path / f"{name}.csv", index=False)
-        done = predict(result.model_folder, tmp_path / f"{name}.csv", tmp_path / f"{name}_out.csv", tmp_path)
-        assert done.returncode == 2, (name, done.stderr)
-        last = done.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: ") and message in last, (name, done.stderr)
+        args = [
+            str(result.model_folder),
+            str(tmp_path / f"{name}.csv"),
+            "--output",
+            str(tmp_path / f"{name}_out.csv"),
+        ]
+        assert predict_main(args) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (name, err)
+        assert not (tmp_path / f"{name}_out.csv").exists()
         assert not (tmp_path / f"{name}_out.csv").exists()

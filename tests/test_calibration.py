@@ -220,15 +220,17 @@ def test_a_trained_model_is_calibrated_on_validation_and_carries_the_factors(in_
 @pytest.mark.slow
 def test_model_folders_of_another_format_are_refused(in_tmp):
     """Format 2 changed what a distribution head's weights mean (median-anchored quantile knots, the
-    spread factors); no release wrote format 1, so a folder of it is refused, whatever its head."""
+    spread factors); no release wrote format 1 (`format_version: 1`), so a folder of it is refused,
+    whatever its head."""
     result = run(
         compose_config(["model=enc_only_forecast", "head=point", *TINY, "logger=none"], in_tmp / "p")
     )
     config_path = result.model_folder / "tsformer.json"
     config = json.loads(config_path.read_text())
+    config.pop("format")
     config["format_version"] = 1
     config_path.write_text(json.dumps(config))
     with pytest.raises(
-        ValueError, match=r"model format 1, this tsformer reads format 2: train the model again"
+        ValueError, match=r"format 'forecaster-1' is older than this tsformer reads .* train the"
     ):
         Forecaster.load(result.model_folder)

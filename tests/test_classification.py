@@ -22,6 +22,7 @@ from tsformer.jobs import JOBS, job_of_folder
 from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
 from tsformer.jobs.classification.job import write_outputs
 from tsformer.jobs.forecasting.forecaster import ModelInfo
+from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask, summary_features
 from tsformer.train import build_task, compose_config
@@ -246,8 +247,9 @@ def test_the_classifier_config_builds_for_sequence_data_and_refuses_window_data(
         build_task(cfg.model, dm)
 
 
-def test_write_outputs_checks_the_folder_on_test_samples(tmp_path):
-    """The classes CSV holds every test sample, in the layout predict.py writes."""
+def test_write_outputs_writes_every_test_sample_and_an_example_the_folder_answers_alike(tmp_path):
+    """The classes CSV holds every test sample, in the layout predict.py writes; the example (the pyfunc
+    model's signature) is answered by the model folder as the CSV says."""
     train, test = sequences_table(), sequences_table(n_series=5, seed=4)
     dm = SequenceDataModule(train, test)
     dm.setup()
@@ -259,7 +261,8 @@ def test_write_outputs_checks_the_folder_on_test_samples(tmp_path):
     outputs = write_outputs(cfg, model, dm, None)
     csv = pd.read_csv(outputs.csv_path)
     assert len(csv) == 5 and csv.y_true.tolist() == test.groupby("series_id").label.first().tolist()
-    merged = outputs.example_forecasts.merge(csv, on="series_id", suffixes=("", "_csv"))
+    answered = Predictor.of_folder(outputs.model_folder).predict(outputs.example)
+    merged = answered.merge(csv, on="series_id", suffixes=("", "_csv"))
     assert len(merged) == 3
     assert (
         np.abs(

@@ -6,7 +6,7 @@ same calibrated probabilities."""
 from __future__ import annotations
 
 import json
-from functools import partial
+import shutil
 
 import mlflow
 import numpy as np
@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import REPO
 from test_classification import sequences_table
 from tsformer.jobs.classification.calibration import fit_temperature, nll, stratified_folds
-from tsformer.jobs.classification.classifier import Classifier
-from tsformer.jobs.classification.job import JOB
+from tsformer.jobs.classification.classifier import FOLDER, Classifier
 from tsformer.model_folder import ModelFolderError
 from tsformer.predict import main as predict_main
+from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer
 from tsformer.tracking import restore_env
 from tsformer.train import compose_config, run
@@ -75,7 +76,7 @@ def train_tiny(tmp_path, name, train, test, *overrides, logger="none"):
 
 
 def calibration_of(result) -> dict:
-    return json.loads((result.model_folder / "tsformer.json").read_text())["calibration"]
+    return json.loads((result.model_folder / "tsformer.json").read_text())["data"]["calibration"]
 
 
 @pytest.mark.slow
@@ -116,7 +117,7 @@ def test_predict_py_serve_and_pyfunc_give_the_same_calibrated_probabilities(tmp_
 
     assert predict_main([str(result.model_folder), str(test), "--output", str(tmp_path / "cli.csv")]) == 0
     cli = pd.read_csv(tmp_path / "cli.csv")
-    served = pd.DataFrame(json.loads(answer(partial(JOB.predict_table, model), table, {}))["predictions"])
+    served = pd.DataFrame(json.loads(answer(Predictor.of_folder(result.model_folder), table, {}))["predictions"])
     with restore_env("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
         pyfunc = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model").predict(table)
@@ -130,23 +131,18 @@ def test_predict_py_serve_and_pyfunc_give_the_same_calibrated_probabilities(tmp_
     assert np.abs(raw[p_cols].to_numpy() - cli[p_cols].to_numpy()).max() > 1e-3
 
 
-def test_a_folder_with_a_bad_temperature_is_refused_in_one_line(tmp_path):
-    from tsformer.jobs.classification.classifier import FORMAT
-
+def test_older_folders_read_as_temperature_1_and_a_bad_temperature_is_refused_in_one_line(tmp_path):
     fixture = tmp_path / "model"
-    import shutil
-
-    from conftest import REPO
-
     shutil.copytree(REPO / "tests" / "fixtures" / "classifier_1", fixture)
+    assert Classifier.load(fixture).task.temperature == 1.0  # classifier-1 (-> 2 -> 3): before the calibration
     config = json.loads((fixture / "tsformer.json").read_text())
-    assert Classifier.load(fixture).task.temperature == 1.0  # classifier-1: before the calibration
-    config |= {"format": FORMAT, "calibration": {"method": "temperature", "temperature": -2.0,
-               "fitted_on": "validation", "n_samples": 5, "folds": 0}}  # fmt: skip
+    config["format"] = FOLDER.format
+    config["data"]["calibration"] = {"method": "temperature", "temperature": -2.0, "fitted_on": "validation",
+                                     "n_samples": 5, "folds": 0}  # fmt: skip
     (fixture / "tsformer.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFolderError, match="calibration.temperature is -2.0, expected a number above 0"):
+    with pytest.raises(ModelFolderError, match="data.calibration.temperature is -2.0, expected a number above 0"):
         Classifier.load(fixture)
-    del config["calibration"]
+    del config["data"]["calibration"]
     (fixture / "tsformer.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFolderError, match=r"key\(s\) \['calibration'\] missing"):
+    with pytest.raises(ModelFolderError, match=r"key\(s\) \['calibration'\] missing in data"):
         Classifier.load(fixture)

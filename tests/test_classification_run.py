@@ -75,14 +75,12 @@ def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(traine
         "circular": "False",
     }
     artifacts = {
-        a.path
-        for f in ("plots", "forecasts", "checkpoints")
-        for a in client.list_artifacts(run.info.run_id, f)
+        a.path for f in ("plots", "classes", "checkpoints") for a in client.list_artifacts(run.info.run_id, f)
     }
     for path in [
         "plots/confusion_matrix.png",
         "plots/reliability.png",
-        "forecasts/classes.csv",
+        "classes/classes.csv",
         "checkpoints/best.ckpt",
     ]:
         assert path in artifacts, (path, artifacts)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 
 from conftest import marked
+from tsformer.jobs import JOBS, job_of_task
 from tsformer.train import CONFIG_DIR, _instantiate_group, build_task, compose_config
 
 CONF = Path(CONFIG_DIR)
@@ -21,8 +23,6 @@ REAL_DATA = {
     "wind_scada",
     "wind_scada_forecast_error",
 }
-# classification's options (labelled data, model=enc_only_classifier): tested with each other, below
-CLASSIFICATION = {"enc_only_classifier", "sequences", "stream", "plant_regime"}
 ARCHIVE = {
     "japanese_vowels",
     "osuleaf",
@@ -31,19 +31,37 @@ ARCHIVE = {
     "italy_power_demand",
     "acsf1",
 }  # needs_data
-CLASSIFICATION |= ARCHIVE
 
 
-# the anomaly job's data, detectors and experiment (tsformer.jobs.anomaly.job)
-ANOMALY = {"plant_anomaly", "enc_only_anomaly", "dec_only_anomaly"}
+def target_of(overrides: list[str], group: str) -> type:
+    """The class `_target_` of the composed `group` (the model's task class, the data module's)."""
+    return get_class(compose_config(overrides, "/tmp/unused")[group]._target_)
+
+
+@functools.cache  # composing takes a moment: once per option
+def data_class_of(group: str, option: str) -> type | None:
+    """The data module class an option of `model`, `data` or `experiment` goes with, by the registry:
+    a model's task class is run by a job (`job_of_task`), which takes one (`Job.data_class`); a data
+    option's own class, as the registered jobs name it; an experiment's model's. None: other groups."""
+    if group not in ("model", "data", "experiment"):
+        return None
+    if group == "data":
+        taken = {
+            j.data_class
+            for j in JOBS.values()
+            if issubclass(target_of([f"data={option}"], "data"), j.data_class)
+        }
+        (data_class,) = taken
+        return data_class
+    model = target_of([f"{group}={option}"], "model")
+    return job_of_task(model).data_class
 
 
 def options(group: str, job: str = "forecasting") -> list[str]:
-    """The options of `group` for one job: forecasting (and reconstruction), classification or anomaly."""
+    """The options of `group` that go with the data of a job: forecasting's (reconstruction's and
+    fill-in's), classification's (pre-training's) or anomaly detection's; every option of other groups."""
     every = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.startswith("_"))
-    if job == "anomaly":
-        return [o for o in every if o in ANOMALY]
-    return [o for o in every if o not in ANOMALY and (o in CLASSIFICATION) == (job == "classification")]
+    return [o for o in every if data_class_of(group, o) in (JOBS[job].data_class, None)]
 
 
 # small simulated data: composing must not wait on 20000-step simulations
@@ -140,6 +158,7 @@ def test_each_experiment(experiment, in_tmp):
 def test_each_anomaly_experiment_with_each_detector(experiment, model, in_tmp):
     """Each builds its labelled table's data and the detector sized for it: the label is no channel."""
     small = ["data.source.n_steps=1400", "data.source.test_fraction=0.5", "data.train_end=0.5"]
+    small.append("data.label_col=label")  # anomaly_benchmark reads none: its script keeps the labels
     cfg = compose_config([f"experiment={experiment}", f"model={model}", *small], in_tmp / "out")
     dm = instantiate(cfg.data)
     dm.setup()

@@ -136,12 +136,12 @@ def test_an_option_the_data_set_cannot_use_is_one_line_and_writes_nothing(tmp_pa
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """README step 1 with TINY settings: `python train.py model=dec_only`, in its own folder."""
+    """README step 1 with TINY settings: `python train.py` (make train's model), in its own folder."""
     folder = tmp_path_factory.mktemp("readme")
     old = os.getcwd()
     try:
         os.chdir(folder)
-        result = run(compose_config(["model=dec_only", *TINY], folder / "out"))
+        result = run(compose_config(TINY, folder / "out"))
     finally:
         os.chdir(old)
     return result, folder

@@ -63,7 +63,7 @@ def test_members_that_read_the_data_differently_are_refused_and_member_names_sta
     config = json.loads((ensemble / "tsformer.json").read_text())
     (ensemble / "tsformer.json").write_text(json.dumps({**config, "members": ["../m0"]}))
     with pytest.raises(ModelFolderError, match="member folders inside"):
-        Classifier.load(ensemble)
+        load_model(ensemble)
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ def both_batches(dm: TimeSeriesDataModule, df: pd.DataFrame, folder) -> tuple[di
     from_dm = {k: torch.stack([test[i][k] for i in range(len(test))]) for k in PARTS}
     clean = forecaster._validate(df, "plant", None)  # rows in the DataModule's order (series, time)
     windows = [(None, start, None, None) for start in test.starts]  # the batch reads the start rows
-    from_model, _ = forecaster._batch(clean, windows)
+    from_model, _ = forecaster.batch(clean, windows)
     return from_dm, from_model
 
 

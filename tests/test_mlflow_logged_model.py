@@ -9,8 +9,11 @@ model training (`mlflow.experimentKind`), not a GenAI app.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -26,7 +29,6 @@ from mlflow import MlflowClient
 
 from conftest import TINY
 from tsformer import predict
-from tsformer.data import fetch
 from tsformer.jobs.forecasting.forecaster import Forecaster
 from tsformer.serving.references import resolve_model
 from tsformer.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
@@ -38,12 +40,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
-    """(run result, client, folder) of one tiny run logged to ./mlflow.db in an empty folder."""
+    """(run result, client, folder) of one tiny run logged to ./mlflow.db in an empty folder; its
+    summary is `summary.txt` there."""
     folder = tmp_path_factory.mktemp("logged")
     old, uri_before = os.getcwd(), os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         os.chdir(folder)
-        result = run(compose_config([*TINY, "model_registry.name=tiny-logged"], folder / "out"))
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            result = run(compose_config([*TINY, "model_registry.name=tiny-logged"], folder / "out"))
+        (folder / "summary.txt").write_text(printed.getvalue())
     finally:
         os.chdir(old)
         if uri_before is not None:
@@ -72,7 +77,9 @@ def test_runs_uri_registry_uri_and_predict_py_find_the_logged_model(logged, tmp_
     mlflow.set_tracking_uri(client.tracking_uri)
     for uri in [f"runs:/{result.run_id}/model", "models:/tiny-logged/1"]:
         pyfunc = mlflow.pyfunc.load_model(uri)
-        assert pyfunc.metadata.get_input_schema() is not None, uri
+        # the layout of a table (the input example) and the forecaster's options (params), shown in the UI
+        assert pyfunc.metadata.saved_input_example_info is not None, uri
+        assert [p.name for p in pyfunc.metadata.get_params_schema().params] == ["origin", "time_format"], uri
     # what `predict.py <run id>` fetches: the run's model folder
     model_folder = resolve_model(result.run_id, client.tracking_uri, tmp_path)
     names = sorted(p.name for p in model_folder.iterdir())
@@ -87,13 +94,23 @@ def test_the_experiment_opens_as_model_training(logged):
 
 @pytest.fixture(scope="module")
 def new_table(logged, tmp_path_factory):
-    """(path, predict.py's forecasts) of new data as the README writes it: `tsformer-data simulate plant
-    --future-steps <horizon>`, forecast by `predict.py <run id>`."""
-    result, client, _ = logged
+    """(path, predict.py's forecasts) of new data as the run's summary says to make it (`a new table for
+    it: .../tsformer-data simulate plant ... --future-steps <its horizon>`, run as printed from another
+    folder with a bare PATH), forecast by `predict.py <run id>`."""
+    result, client, folder = logged
+    (line,) = [
+        x for x in (folder / "summary.txt").read_text().splitlines() if x.startswith("a new table for it: ")
+    ]
+    command = shlex.split(line.split(": ", 1)[1])
     horizon = Forecaster.load(result.model_folder).contract.horizon
-    path = tmp_path_factory.mktemp("new") / "new.csv"
-    simulate = ["simulate", "plant", "--seed", "1", "--n-series", "2", "--n-steps", "200"]
-    assert fetch.cli([*simulate, "--future-steps", str(horizon), "--output", str(path)]) == 0
+    assert command[command.index("--future-steps") + 1] == str(horizon)
+    elsewhere = tmp_path_factory.mktemp("new")
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(elsewhere)}
+    proc = subprocess.run(
+        command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = elsewhere / "new.csv"
     out = path.with_name("forecasts.csv")
     args = [result.run_id, str(path), "--output", str(out), "--tracking-uri", client.tracking_uri]
     assert predict.main(args) == 0

@@ -19,6 +19,7 @@ import torch
 from conftest import PLANT_TARGETS, TINY
 from tsformer import predict
 from tsformer.data import simulate_plant
+from tsformer.jobs import load_model
 from tsformer.jobs.forecasting.forecaster import CONFIG_FILE, WEIGHTS_FILE, Forecaster, ModelFolderError
 from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster
 from tsformer.train import compose_config, run
@@ -142,8 +143,18 @@ DAMAGES = {
                           ["task_class 'os.system' is not a task"]),
     "config not an object": (lambda f: (f / CONFIG_FILE).write_text("[1, 2]"), CONFIG_FILE,
                              ["the file is a list, expected an object"]),
-    "config of a later format": (edit_config(lambda c: c.update(format_version=3, new_part={})), CONFIG_FILE,
-                                 ["model format 3", "train the model again"]),  # not "unknown key"
+    "config of a later format": (edit_config(lambda c: c.update(format="forecaster-4", new_part={})), CONFIG_FILE,
+                                 ["format 'forecaster-4' is newer than this tsformer reads (forecaster-3)"]),
+    "config of an older format": (edit_config(lambda c: c.update(format="forecaster-1")), CONFIG_FILE,
+                                  ["is older than this tsformer reads (forecaster-2 to forecaster-3)",
+                                   "train the model again"]),
+    "config of an unknown kind": (edit_config(lambda c: c.update(format="regressor-1")), CONFIG_FILE,
+                                  ["format 'regressor-1' is no kind of model folder this tsformer reads",
+                                   "anomaly, classifier, ensemble, forecaster"]),
+    "config of another kind": (edit_config(lambda c: c.update(format="anomaly-2")), CONFIG_FILE,
+                               ["unknown key(s) ['calendar', ", "in data"]),  # an anomaly model's data
+    "config without a format": (edit_config(lambda c: pop(c, "format")), CONFIG_FILE,
+                                ["no format, not the header of a tsformer model folder"]),
 }  # fmt: skip
 
 # name -> (change of tsformer.json, words): lists whose length follows from the column roles, and
@@ -180,9 +191,9 @@ INCONSISTENT = {
 
 
 def refused(folder: Path, data: Path, capsys) -> str:
-    """The message of `Forecaster.load(folder)`, checked to be one line and what predict.py prints."""
+    """The message of `load_model(folder)`, checked to be one line and what predict.py prints."""
     with pytest.raises(ModelFolderError) as err:
-        Forecaster.load(folder)
+        load_model(folder)
     message = str(err.value)
     assert "\n" not in message
     assert predict.main([str(folder), str(data), "--output", str(folder / "out.csv")]) == 2

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
-from conftest import REPO
-from tsformer import predict
+from conftest import REPO, CountAllocations
+from tsformer import model_folder, predict
 from tsformer.data.datamodule import TimeSeriesDataModule
 from tsformer.jobs import load_model
+from tsformer.jobs.classification.classifier import FOLDER as CLASSIFIER
+from tsformer.jobs.classification.classifier import ClassifierContract
 from tsformer.jobs.forecasting.forecaster import DataContract
-from tsformer.model_folder import CONFIG_FILE, WEIGHTS_FILE, ModelFolderError
+from tsformer.model_folder import CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, Upgrade
 
 FIXTURES = REPO / "tests" / "fixtures"
-KINDS = ["forecaster_v2", "classifier_1"]
+KINDS = ["forecaster_v2", "classifier_1", "anomaly_1"]  # folders of a network (an ensemble has none)
 
 
 def copy_of(name: str, tmp_path: Path) -> Path:
@@ -107,6 +107,24 @@ CASES = {
         ["hparams.lr is a string"],
     ),
     "forecaster context_len as text": ("forecaster_v2", set_data("context_len", "12"), ["data.context_len"]),
+    "anomaly label column a number": (
+        "anomaly_1",
+        set_data("label_col", 3),
+        ["data.label_col is a number (3)"],
+    ),
+    "anomaly channels unnamed": ("anomaly_1", set_hparam("target_names", []), ["hparams.target_names"]),
+    "ensemble member outside": (
+        "ensemble_0",
+        lambda c: c.update(members=["../classifier_1"]),
+        ["'members' must name the member folders inside"],
+    ),
+    "ensemble without members": ("ensemble_0", lambda c: c.update(members=[]), ["'members'"]),
+    "ensemble of another task": (
+        "ensemble_0",
+        lambda c: c.update(task_class="tsformer.tasks.pretraining.MaskedPretraining"),
+        ["is not a task of a classifier ensemble"],
+    ),
+    "ensemble with hparams": ("ensemble_0", lambda c: c.update(hparams={}), ["unknown key(s) ['hparams']"]),
 }
 
 
@@ -119,21 +137,6 @@ def test_a_hostile_or_damaged_folder_is_refused_in_one_line(case, tmp_path, caps
     message = refused(folder, name, capsys)
     for word in [str(folder / CONFIG_FILE), *words]:
         assert word in message, (word, message)
-
-
-class CountAllocations(TorchDispatchMode):
-    """The number of tensor elements created on a real device (not PyTorch's meta device)."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.elements += sum(
-            t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type != "meta"
-        )
-        return out
 
 
 # d_model -> (the file at fault, words): 1024 gives the shapes of a network that could exist (tens of
@@ -180,3 +183,26 @@ def test_the_model_folder_keeps_the_time_format_training_inferred(tmp_path):
     )
     given.setup()
     assert DataContract.of(given).time_format == "%d/%m/%Y %H:%M"
+
+
+@dataclass
+class WithTemperature(ClassifierContract):
+    temperature: float = 1.0  # a field a later classifier folder holds
+
+
+def test_a_field_added_with_a_version_bump_reads_the_older_folders_with_its_upgrade(tmp_path):
+    """The way docs/architecture.md says a kind grows a field: the field in the contract, the version one
+    up, an `Upgrade` from the version before. Folders of every older version read as the newest (the
+    chain of upgrades); one of the new version without the field is refused, naming it."""
+    add = Upgrade(config=lambda c: {**c, "data": {**c["data"], "temperature": 1.0}})
+    later = replace(CLASSIFIER, version=CLASSIFIER.version + 1, contract=WithTemperature,
+                    upgrades={**CLASSIFIER.upgrades, CLASSIFIER.version: add})  # fmt: skip
+    assert later.oldest == 1
+    contract = model_folder.read(FIXTURES / "classifier_1", later)[1]  # classifier-1 -> 2 -> 3 -> 4
+    assert isinstance(contract, WithTemperature) and contract.temperature == 1.0
+    folder = copy_of("classifier_1", tmp_path)
+    edit(folder, lambda c: c.update(format=later.format))
+    with pytest.raises(ModelFolderError, match=r"\['calibration', 'temperature'\] missing in data"):
+        model_folder.read(folder, later)
+    with pytest.raises(ModelFolderError, match=r"format 'classifier-4' is newer than this tsformer reads"):
+        model_folder.read(folder, CLASSIFIER)  # the tsformer before the field

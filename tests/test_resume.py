@@ -109,12 +109,19 @@ def test_sigkill_then_resume_by_run_id(in_tmp, reference):
     (killed,) = all_runs(client)
     assert killed.info.status == "RUNNING"  # nothing runs after SIGKILL
     assert (in_tmp / "out" / "checkpoints" / "last.ckpt").exists()
+    (data,) = killed.inputs.dataset_inputs  # its data, recorded when it started
 
     proc = train_py(in_tmp, [f"resume={killed.info.run_id}", "hydra.run.dir=resume_log"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     (resumed,) = all_runs(client)  # the same run, no new one
     assert resumed.info.run_id == killed.info.run_id
     assert_same_as_reference(client, resumed.info.run_id, reference)
+    (kept,) = resumed.inputs.dataset_inputs  # kept, not recorded twice
+    assert (kept.dataset.name, kept.dataset.digest, kept.tags[0].value) == (
+        "plant",
+        data.dataset.digest,
+        "training",
+    )
     # the outputs go where the original run's are
     assert (in_tmp / "out" / "forecasts.csv").exists()
     assert not (in_tmp / "resume_log" / "forecasts.csv").exists()

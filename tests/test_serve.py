@@ -56,25 +56,23 @@ def test_a_request_it_cannot_read_is_one_line(body, content_type, says):
 
 
 class Refusing:
-    """A model whose predict refuses every table with a message of several lines."""
+    """A predictor that refuses every table with a message of several lines."""
 
-    def predict(self, table, origin=None, source=""):
+    def predict(self, table, params=None, source=""):
         raise DataValidationError(f"{source}: missing column 'supply_voltage'\nsecond line")
 
 
 class Echo:
-    def predict(self, table, origin=None, source=""):
-        return table.assign(origin=origin, when=pd.to_datetime(table.time))
+    def predict(self, table, params=None, source=""):
+        return table.assign(origin=params["origin"], when=pd.to_datetime(table.time))
 
 
 def test_missing_values_are_null_and_a_refused_table_is_its_first_line():
-    strict = json.loads(
-        answer(Echo().predict, TABLE, {"origin": "2024-01-01 00:00"}), parse_constant=pytest.fail
-    )
+    strict = json.loads(answer(Echo(), TABLE, {"origin": "2024-01-01 00:00"}), parse_constant=pytest.fail)
     rows = strict["predictions"]
     assert rows[1]["x"] is None and rows[0]["x"] == 1.5 and rows[0]["origin"] == "2024-01-01 00:00"
     assert rows[0]["when"].startswith("2024-01-01T00:00:00")
     with pytest.raises(BadRequest) as err:
-        answer(Refusing().predict, TABLE, {})
+        answer(Refusing(), TABLE, {})
     assert str(err.value) == "the request's table: missing column 'supply_voltage'"
     assert np.isnan(TABLE.x[1])  # the request's table itself is left as it was

@@ -6,7 +6,8 @@ and `LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`).
 Built once from the run's config (`train.run`), it
 - fills in the logger entries (run name, absolute sqlite URI, a resumed run's id) and instantiates
   the loggers, in the first process only (under DDP the others would race creating the database);
-- opens the MLflow run when the fit starts (config, tags, `n_params`) or reopens a resumed one;
+- opens the MLflow run when the fit starts (config, tags, `n_params`, the data as MLflow datasets:
+  `data_inputs`) or reopens a resumed one;
 - logs `fit/seconds` and `fit/steps` when the fit ends;
 - logs the outputs after the test (`log_outputs`: the CSV, best checkpoint, what the run's job logs
   (`tsformer.jobs`: figures, metrics), the pyfunc model) and ends the run FINISHED;
@@ -29,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
+from tsformer.data_inputs import log_datasets
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,9 @@ class MLflowRun(Callback):
         else:
             tags = {"resumed_from": f"{self.resumed.checkpoint} (written in epoch {self.resumed.epoch})"}
             tracking.resume_run(self.logger, tags, self.cfg.get("system_metrics"))
+        # the tables it reads (a resumed run logged them when it started: none twice)
+        data = OmegaConf.to_container(self.cfg.data, resolve=True) if "data" in self.cfg else {}
+        log_datasets(self.logger, data, trainer.datamodule)
         # in the log from the start: the id to resume the run with if it is killed
         log.info("MLflow run id: %s, outputs in %s", self.logger.run_id, self.cfg.paths.output_dir)
 
@@ -84,7 +89,7 @@ class MLflowRun(Callback):
         own metrics and figures, and its model) and end the run FINISHED (no MLflow run: nothing)."""
         if not self.opened:
             return
-        files = [("forecasts", f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
+        files = [(outputs.logged_under, f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
         if best_ckpt:
             files.append(("checkpoints", Path(best_ckpt)))
         tracking.log_files(self.logger, files)
@@ -99,7 +104,8 @@ class MLflowRun(Callback):
                 outputs.example,
                 outputs.example_forecasts,
                 registry_name,
-                optional_inputs=outputs.optional_inputs,
+                params={param.name: param.unset for param in job.prediction.params},
+                example_params=outputs.example_params,
             )
         tracking.end_run(self.logger, "FINISHED")
 

@@ -1,21 +1,30 @@
 """A trained model as a self-contained folder, for every kind of model: written (`write`), read and
-checked (`read`) in one place; `Forecaster` (tsformer.jobs.forecasting.forecaster) and `Classifier` (tsformer.jobs.classification.classifier)
-are the inference objects on top of it, each describing its kind of folder with a `FolderKind`.
+checked (`read`) in one place. Each job package declares the kinds of folder its models are (a
+`FolderKind`: `forecaster` in jobs/forecasting/forecaster.py, `classifier` and `ensemble` in
+jobs/classification/, `anomaly` in jobs/anomaly/judging.py; `Job.folders`, collected in
+`jobs.FOLDER_KINDS`), and the inference object built on top of it (`Forecaster`, `Classifier`, ...).
 
 The folder holds
-- `tsformer.json`: the format (`format_version` of a forecasting model, `format` of a classifier's),
-  the task class and its hyperparameters, the data contract (what a table must hold and how training
-  scaled it, as plain numbers) and where the weights came from (`ModelInfo`);
+- `tsformer.json`: its format, `"format": "<kind>-<version>"` (e.g. `forecaster-3`), the task class and
+  its hyperparameters, the data contract (the kind's dataclass: what a table must hold and how training
+  scaled it, as plain numbers) and where the weights came from (`ModelInfo`); an ensemble names its
+  `members` (folders of another kind inside it) in place of hyperparameters and weights;
 - `weights.pt`: the network's weights, a plain state dict loaded with `torch.load(weights_only=True)`.
 Nothing in it is pickled Python, and no code is imported but the tsformer package's own task classes.
 
 `read` refuses a damaged or hostile folder with one line naming the file and the key (`ModelFolderError`),
-checking in this order, each before anything is built: the format and version; every key and type of
-`tsformer.json` (the kind's dataclass); the task class and every hyperparameter's name and type (its
-constructor's); the contract's values (counts that follow from the column roles, scaler numbers,
-ranges: the kind's `check_contract`); the weights file; every weight's name and shape against the
-network the hyperparameters describe, built on PyTorch's meta device (no memory: `d_model: 10**9` is
-refused without allocating it); only then the network itself, with the weights loaded.
+checking in this order, each before anything is built: the format (a kind this tsformer reads, a version
+neither newer than it writes nor older than it reads; an older version is first brought up to date by
+the kind's `upgrades`); every key and type of `tsformer.json` (the kind's contract dataclass); the task
+class and every hyperparameter's name and type (its constructor's); the contract's values (counts that
+follow from the column roles, scaler numbers, ranges: the kind's `check_contract`); the weights file;
+every weight's name and shape against the network the hyperparameters describe, built on PyTorch's meta
+device (no memory: `d_model: 10**9` is refused without allocating it); only then the network itself,
+with the weights loaded.
+
+Adding a field to a kind (docs/architecture.md, "The model folder"): the field in its contract
+dataclass, the kind's `version` one up, and an `Upgrade` from the old version in its `upgrades` giving
+an old folder's `tsformer.json` (and weights) the field's value that reproduces what the old folder did.
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ import dataclasses
 import importlib
 import inspect
 import json
+import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +53,9 @@ RESTORE = (
     "copy the folder again from the training run (its output folder's model/, or model/artifacts/model "
     "in its MLflow run) or train again"
 )
+FORMAT = re.compile(r"^([a-z_]+)-(\d+)$")  # "<kind>-<version>"
+# `format_version: n` was a forecaster's header up to version 2, before every kind had `format`
+LAST_FORMAT_VERSION = 2
 
 
 class ModelFolderError(ValueError):
@@ -59,17 +73,58 @@ class ModelInfo:
     extra: dict = field(default_factory=dict)
 
 
+def _unchanged(value, *rest):
+    return value
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """How a folder of one version of a kind is read as the next version (its `format` is set by
+    `read`): its `tsformer.json` and its weights (`(state, config) -> state`) made what the next version
+    writes, with the values that reproduce what the older folder did."""
+
+    config: Callable[[dict], dict] = _unchanged
+    weights: Callable[[dict, dict], dict] = _unchanged
+
+
 @dataclass(frozen=True)
 class FolderKind:
-    """One kind of model folder: how its `tsformer.json` is laid out and checked."""
+    """One kind of model folder: its format, how its `tsformer.json` is laid out and checked, and what
+    it loads as."""
 
-    name: str  # for messages: "forecasting model", "classifier"
-    schema: type  # the dataclass `tsformer.json` is an instance of (every key required, typed)
+    name: str  # the format's first word, e.g. "forecaster"
+    version: int  # the format this tsformer writes: "<name>-<version>"
+    describes: str  # for messages: "forecasting model"
+    contract: type  # the dataclass `data` holds: every key written, and required when read
     tasks: tuple[type, ...]  # the task classes a folder of this kind may name (their subclasses too)
-    header: Callable[[], dict]  # the format keys written first, e.g. {"format_version": 2}
-    check_header: Callable[[dict, Path], None]  # refuses another format or version (before the keys)
-    contract_of: Callable[[dict], object]  # `data` of the JSON -> the data contract
-    check_contract: Callable[[object, dict, Path], None]  # contract, hparams, path: refuses bad values
+    load: Callable[[Path], Any]  # model folder -> its inference object (`Forecaster.load`, ...)
+    # contract, hparams, path: refuses values the types allow but prediction cannot use
+    check_contract: Callable[[Any, dict, Path], None] = _nothing
+    upgrades: Mapping[int, Upgrade] = field(default_factory=dict)  # older version n -> n + 1 (all read)
+    member_kind: FolderKind | None = (
+        None  # an ensemble: `members`, folders of this kind, in place of a network
+    )
+
+    @property
+    def format(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    @property
+    def oldest(self) -> int:
+        """The oldest version read: the upgrades reach back to it without a gap."""
+        version = self.version
+        while version - 1 in self.upgrades:
+            version -= 1
+        return version
+
+    def keys(self) -> dict:
+        """The keys of `tsformer.json` and their types."""
+        network = {"members": list[str]} if self.member_kind is not None else {"hparams": dict}
+        return {"format": str, "task_class": str, **network, "data": self.contract, "info": ModelInfo}
 
 
 def plain(value):
@@ -83,27 +138,26 @@ def plain(value):
     return value
 
 
-def write(
-    folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo, extra: dict | None = None
-) -> Path:
+def write(folder: str | Path, kind: FolderKind, task, contract, info: ModelInfo) -> Path:
     """Write `task`'s network and the data `contract` (a dataclass) to `folder`, each file atomically
-    (a run stopped while writing leaves no half-written file behind); `extra`: more keys of the kind's
-    `tsformer.json` (a classifier's calibration)."""
+    (a run stopped while writing leaves no half-written file behind)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     task_class = type(task)
-    config = {
-        **kind.header(),
-        "task_class": f"{task_class.__module__}.{task_class.__qualname__}",
-        "hparams": plain(dict(task.hparams)),
-        "data": asdict(contract),
-        "info": asdict(info),
-        **plain(extra or {}),
-    }
-    write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     state = {k: v.detach().cpu() for k, v in task.state_dict().items()}  # network + static embeddings
+    folder.mkdir(parents=True, exist_ok=True)
     write_atomically(folder / WEIGHTS_FILE, lambda tmp: torch.save(state, tmp))
+    write_config(folder, kind, {
+        "task_class": f"{task_class.__module__}.{task_class.__qualname__}", "hparams": plain(dict(task.hparams)),
+        "data": asdict(contract), "info": asdict(info),
+    })  # fmt: skip
     return folder
+
+
+def write_config(folder: Path, kind: FolderKind, keys: dict) -> Path:
+    """`tsformer.json` of a folder of `kind`: its format, then `keys`; atomically, and last (a folder
+    without it is no model)."""
+    config = {"format": kind.format, **keys}
+    return write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
 
 
 def read_config(folder: str | Path) -> tuple[dict, Path]:
@@ -123,21 +177,108 @@ def read_config(folder: str | Path) -> tuple[dict, Path]:
     return config, path
 
 
+def format_of(config: dict, path: Path) -> tuple[str, int]:
+    """(kind, version) of a folder's `tsformer.json` by its header; the headers an older tsformer wrote
+    are read here, and only here: `format_version: n` (a forecaster, n up to 2) and `"classifier-1"`
+    naming `members` (an ensemble: version 0)."""
+    written = config.get("format")
+    legacy = config.get("format_version")
+    if written is None and type(legacy) is int and 0 < legacy <= LAST_FORMAT_VERSION:
+        return "forecaster", legacy
+    if written == "classifier-1" and "members" in config:
+        return "ensemble", 0
+    found = FORMAT.match(written) if isinstance(written, str) else None
+    if found is None:
+        shown = f"format {written!r}" if "format" in config else f"format_version {legacy!r}"
+        raise ModelFolderError(
+            f"{path}: {shown if 'format' in config or legacy else 'no format'}, not the header of a tsformer "
+            f"model folder (format '<kind>-<version>'): {RESTORE}"
+        )
+    return found.group(1), int(found.group(2))
+
+
+def kind_of(config: dict, path: Path, kinds: Mapping[str, FolderKind]) -> FolderKind:
+    """The kind among `kinds` a folder's `tsformer.json` is, of a version this tsformer reads."""
+    name, version = format_of(config, path)
+    if name not in kinds:
+        raise ModelFolderError(
+            f"{path}: format '{name}-{version}' is no kind of model folder this tsformer reads "
+            f"({', '.join(sorted(kinds))}): load it with the tsformer that wrote it"
+        )
+    _check_version(kinds[name], version, path)
+    return kinds[name]
+
+
+def _check_version(kind: FolderKind, version: int, path: Path) -> None:
+    shown = f"format '{kind.name}-{version}'"
+    if version > kind.version:
+        raise ModelFolderError(
+            f"{path}: {shown} is newer than this tsformer reads ({kind.format}): load it with the tsformer "
+            "that wrote it, or a newer one"
+        )
+    if version < kind.oldest:
+        raise ModelFolderError(
+            f"{path}: {shown} is older than this tsformer reads ({kind.name}-{kind.oldest} to {kind.format}): "
+            "train the model again, or load it with the tsformer that wrote it"
+        )
+
+
+def read_checked_config(folder: str | Path, kind: FolderKind) -> tuple[dict, Path, int]:
+    """`tsformer.json` of a folder of `kind`, brought up to the version this tsformer writes and
+    checked key by key against `kind.keys()`; its path; the version it was written in."""
+    config, path = read_config(folder)
+    name, version = format_of(config, path)
+    if name != kind.name:
+        raise ModelFolderError(
+            f"{path}: format '{name}-{version}' is not a {kind.describes}'s ({kind.format}): {RESTORE}"
+        )
+    _check_version(kind, version, path)
+    if "format" not in config:  # an older forecaster's header
+        config = {k: v for k, v in config.items() if k != "format_version"}
+    for older in range(version, kind.version):
+        config = {**kind.upgrades[older].config(config), "format": f"{kind.name}-{older + 1}"}
+    config["format"] = kind.format
+    keys = kind.keys()
+    _check_keys(config, keys, set(keys), "", path)
+    return config, path, version
+
+
+def contract_of(config: dict, kind: FolderKind):
+    """The data contract of a checked `tsformer.json` (`read_checked_config`), as its kind's dataclass."""
+    return from_json(config["data"], kind.contract)
+
+
+def from_json(value, hint):
+    """A checked JSON `value` as the type `hint` describes (dataclasses built, with what they hold)."""
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{name: from_json(item, hints[name]) for name, item in value.items()})
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        options = [o for o in typing.get_args(hint) if o is not type(None)]
+        return None if value is None else from_json(value, options[0])
+    args = typing.get_args(hint)
+    if isinstance(value, list) and args:
+        return [from_json(item, args[0]) for item in value]
+    if isinstance(value, dict) and len(args) == 2:
+        return {key: from_json(item, args[1]) for key, item in value.items()}
+    return value
+
+
 def read(folder: str | Path, kind: FolderKind):
     """(task with its weights, in eval mode; data contract; `ModelInfo`) of the model in `folder`,
     checked (see the module docstring)."""
-    config, path = read_config(folder)
-    kind.check_header(config, path)
-    check_json(config, kind.schema, "", path)
+    config, path, version = read_checked_config(folder, kind)
     task_class = _task_class(config["task_class"], kind, path)
     hparams = config["hparams"]
     settings = task_settings(task_class)
     required = {name for name, p in settings.items() if p.default is inspect.Parameter.empty}
     _check_keys(hparams, {name: p.annotation for name, p in settings.items()}, required, "hparams", path)
-    contract = kind.contract_of(config["data"])
+    contract = contract_of(config, kind)
     kind.check_contract(contract, hparams, path)
     weights = Path(folder) / WEIGHTS_FILE
     state = read_weights(weights)
+    for older in range(version, kind.version):
+        state = kind.upgrades[older].weights(state, config)
     with torch.device("meta"):  # the network's shapes, without its memory
         probe = _build(task_class, hparams, path)
     mismatch = state_mismatch(state, probe.state_dict())
@@ -153,7 +294,17 @@ def read(folder: str | Path, kind: FolderKind):
         )
     task = _build(task_class, hparams, path)
     task.load_state_dict(state)
-    return task.eval(), contract, ModelInfo(**config["info"])
+    return task.eval(), contract, from_json(config["info"], ModelInfo)
+
+
+def member_folders(folder: str | Path, kind: FolderKind) -> tuple[list[Path], dict]:
+    """The member folders an ensemble's checked `tsformer.json` names (inside `folder`), and the config."""
+    config, path, _ = read_checked_config(folder, kind)
+    _task_class(config["task_class"], kind, path)
+    members = config["members"]
+    if not members or not all(m not in ("", ".", "..") and Path(m).name == m for m in members):
+        raise ModelFolderError(f"{path}: 'members' must name the member folders inside {folder}: {RESTORE}")
+    return [Path(folder) / m for m in members], config
 
 
 def _task_class(name: str, kind: FolderKind, path: Path) -> type:
@@ -161,7 +312,7 @@ def _task_class(name: str, kind: FolderKind, path: Path) -> type:
     if task_class is None:
         raise unknown_task(name, path)
     if not issubclass(task_class, kind.tasks):
-        raise ModelFolderError(f"{path}: task_class {name!r} is not a task of a {kind.name}: {RESTORE}")
+        raise ModelFolderError(f"{path}: task_class {name!r} is not a task of a {kind.describes}: {RESTORE}")
     return task_class
 
 

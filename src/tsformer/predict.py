@@ -19,11 +19,13 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
 from tsformer.jobs import JOBS
-from tsformer.serving.references import load_job_and_model
+from tsformer.serving.predictor import Predictor, load_predictor
+from tsformer.serving.writers import write_answer
 from tsformer.tracking import TrackingServerUnreachable
 
 log = logging.getLogger(__name__)
@@ -37,20 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", help="CSV or Parquet table: history plus future rows of known covariates")
     parser.add_argument("--output", "-o", required=True, help="where to write the forecasts CSV")
     parser.add_argument(
-        "--origin",
-        help="forecast from this time for every series (default: each "
-        "series' last row with all targets observed); later targets are ignored",
-    )
-    parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
     )
-    parser.add_argument(
-        "--time-format",
-        help="strftime format of DATA's times, e.g. '%%d/%%m/%%Y %%H:%%M' "
-        "(default: the training data's data.time_format)",
-    )
-    for flag, help_text in {**_job_flags(), **_job_options()}.items():  # what some job's models take
-        parser.add_argument(flag, action="store_true", help=help_text)
+    for param in _params().values():  # the options of the jobs' uses (`Prediction.params`)
+        kind = {"action": "store_true"} if param.kind is bool else {}
+        parser.add_argument(param.flag, dest=param.name, help=param.help.replace("%", "%%"), **kind)
     for option in CSV_OPTIONS:
         parser.add_argument(
             f"--{option}",
@@ -62,49 +55,38 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     try:
-        job, model = load_job_and_model(args.model, args.tracking_uri)  # model: what the job predicts with
-        _check_flags(job, args)
-        flags = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
-        table = load_table(args.data, **{**model.contract.csv, **flags})
-        print(job.predict(model, table, args))
+        predictor = load_predictor(args.model, args.tracking_uri)
+        given = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
+        csv = {**predictor.model.contract.csv, **given}
+        table = load_table(args.data, **csv)
+        print(_predict(predictor, table, args, csv))
     except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
 
 
-def _job_flags() -> dict[str, str]:
-    """The options with which some job's models are used (`Job.predict_flag`), and their help."""
-    return dict(job.predict_flag for job in JOBS.values() if job.predict_flag is not None)
+def _params() -> dict:
+    """Every job's params by name (`Prediction.params`): predict.py's options."""
+    return {param.name: param for job in JOBS.values() for param in job.prediction.params}
 
 
-def _job_options() -> dict[str, str]:
-    """The options some job's models may take (`Job.predict_options`), and their help."""
-    return {flag: text for job in JOBS.values() for flag, text in job.predict_options}
-
-
-def _check_flags(job, args) -> None:
-    """A job's option (`Job.predict_flag`) is given for its model, and for no other; a job's optional
-    ones (`Job.predict_options`) for its models only."""
-    for flag in _job_options():
-        given = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if given and flag not in dict(job.predict_options):
-            raise ValueError(
-                f"{flag}: {args.model} is a model of the {job.name} job, which does not take {flag} "
-                f"({job.usage('MODEL')})"
-            )
-    for flag in _job_flags():
-        given = getattr(args, flag.lstrip("-").replace("-", "_"))
-        own = job.predict_flag is not None and job.predict_flag[0] == flag
-        if given and not own:
-            raise ValueError(
-                f"{flag}: {args.model} is a model of the {job.name} job, which does not take {flag} "
-                f"({job.usage('MODEL')})"
-            )
-        if own and not given:
-            raise ValueError(
-                f"{args.model} is a model of the {job.name} job: add {flag} ({job.usage(args.model)})"
-            )
+def _predict(predictor: Predictor, table, args, csv: dict) -> str:
+    """The answer to `table` written to `args.output` (and the tables beside it); what was written."""
+    declared = {param.name for param in predictor.params}
+    given = {name: getattr(args, name) for name in _params() if getattr(args, name)}
+    for name in sorted(set(given) - declared):  # as the predictor would say it, with the option's name
+        flag = _params()[name].flag
+        raise ValueError(
+            f"{flag}: {args.model} is a model of the {predictor.job.name} job, which does not take {flag} "
+            f"({predictor.job.usage('MODEL')})"
+        )
+    answer = predictor.predict(table, given, source=str(args.data))
+    as_read = None
+    if predictor.job.prediction.written_as_read:  # the input table completed: written as it was read
+        as_read = {**csv, "date_format": args.time_format or predictor.model.contract.time_format}
+    written = write_answer(answer, Path(args.output), as_read)
+    return predictor.job.prediction.report(predictor.model, answer, [path.resolve() for path in written])
 
 
 if __name__ == "__main__":

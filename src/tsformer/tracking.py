@@ -343,7 +343,8 @@ def log_pyfunc_model(
     example_input,
     example_output,
     registry_name: str | None = None,
-    optional_inputs: tuple[str, ...] = (),
+    params: Mapping | None = None,
+    example_params: Mapping | None = None,
 ) -> str:
     """Log the run's model folder as the run's MLflow pyfunc model `model`; register it when named.
 
@@ -351,38 +352,30 @@ def log_pyfunc_model(
     the run: listed on the run's page and the experiment's Models tab, found at `runs:/<run id>/model`
     (and `models:/<model id>`); its files are kept with the logged model, not in the run's artifacts.
     A model from code (`serving/pyfunc.py`) with the tsformer package as its code: loading it unpickles
-    nothing and needs no Hydra config. The signature is inferred from an example table and its
-    forecasts (a parameter `origin`, empty by default), its times of any type; `optional_inputs` may be
-    left out. Returns the
+    nothing and needs no Hydra config. The signature holds the answer's columns (from the example
+    table's answer) and `params`, the options of the model's job with the value that means "not given"
+    ("" or false) as their defaults; `example_params`: those the example is answered with. Returns the
     model URI.
+
+    The signature holds no input schema: MLflow would hand the model the schema's columns only, in its
+    order and types, so that the pyfunc model would answer otherwise than predict.py and tsformer-serve
+    (a filled table without the columns it did not know, in another order; MLflow's own message for a
+    table it refuses). The model checks its tables itself, as they do; the logged input example shows
+    the layout.
     """
     import warnings
     from importlib.metadata import PackageNotFoundError, version
 
     import mlflow
     from mlflow.models import Model, infer_signature
-    from mlflow.types import ColSpec, DataType, Schema
-    from mlflow.types.schema import AnyType
 
     import tsformer
     from tsformer.serving import pyfunc
 
     with warnings.catch_warnings():  # "integer columns cannot hold missing values": series ids never may
         warnings.simplefilter("ignore", UserWarning)
-        signature = infer_signature(example_input, example_output, params={"origin": ""})
-    # Times come as text from pd.read_csv and JSON requests: MLflow's datetime type refuses pandas 3's
-    # text columns and would guess their format; the model reads them as predict.py does (the training
-    # data's format), parsed times too. Columns a table may leave out (a classifier's labels) are optional.
-    signature.inputs = Schema(
-        [
-            ColSpec(
-                AnyType() if c.type == DataType.datetime else c.type,
-                c.name,
-                required=c.name not in optional_inputs,
-            )
-            for c in signature.inputs.inputs
-        ]
-    )
+        signature = infer_signature(example_input, example_output, params=dict(params or {}) or None)
+    signature.inputs = None
     requirements = []
     for package in ("torch", "lightning", "pandas", "numpy", "scikit-learn", "mlflow"):
         try:
@@ -408,7 +401,8 @@ def log_pyfunc_model(
             artifacts={"model_folder": str(model_folder)},
             code_paths=[str(Path(tsformer.__file__).parent)],
             signature=signature,
-            input_example=example_input,  # shown in the MLflow UI: the table layout a user must give
+            # shown in the MLflow UI: the table layout a user must give (and the params of its answer)
+            input_example=(example_input, dict(example_params)) if example_params else example_input,
             pip_requirements=requirements,
             registered_model_name=registry_name,
         )

@@ -5,8 +5,8 @@ them together in order:
 1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the run's job (`tsformer.jobs`: the one that runs the model's task class) sizes the task from the data;
-3. Lightning fits it (checkpoints, early stopping), the job finishes it (`Job.before_test`: a classifier
-   fits its temperature) and the best checkpoint is tested;
+3. Lightning fits it (checkpoints, early stopping), the job finishes it (`Job.finish_task`: a classifier
+   fits its probabilities' temperature) and the best checkpoint is tested;
 4. the job writes its outputs (a CSV in original units, the model folder `predict.py` reads) and its
    figures; the callback `callbacks.MLflowRun` owns the loggers and the MLflow run: it logs the files,
    the checkpoint and a pyfunc model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or
@@ -45,6 +45,9 @@ from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
+from tsformer.jobs.base import Fitted
+from tsformer.quiet import quiet_library_chatter
+from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
 from tsformer.tasks.setting_groups import task_settings
 
@@ -154,6 +157,7 @@ def run(cfg: DictConfig) -> RunResult | None:
 
     None in the processes other than the global-zero one of a multi-process fit (DDP).
     """
+    quiet_library_chatter()  # Lightning's tips and the like: nothing a user can act on
     settings.check(cfg)  # first: a setting that cannot work stops the run before data or MLflow
     tracking.require_reachable_servers(cfg)  # before anything else: an unreachable server stops the run now
     resumed = resume.resolve(cfg) if cfg.get("resume") else None
@@ -164,16 +168,11 @@ def run(cfg: DictConfig) -> RunResult | None:
         cfg = resumed.config
     elif rank_zero_only.rank == 0:  # the other processes of a DDP run share the first one's folder
         _refuse_used_output_folder(cfg)
-    source = init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
+    source = _init_source(cfg) if resumed is None else None  # a resumed run's checkpoint has its weights
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, source)
-    if source is not None:
-        features = getattr(datamodule, "features", None)  # data without static embeddings has none
-        vocabularies = features.static_vocabularies if features is not None else None
-        loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
-        if cfg.get("init_from_freeze"):
-            init_from.freeze(task, loaded["taken"])
+    _start_from(task, datamodule, source, cfg)  # before the MLflow run: a misfit stops it
     job = job_of(cfg.model, datamodule)
     tags = {"job": job.name, **(source.tags() if source is not None else {})}
     recorder = MLflowRun(cfg, _run_name(job.name, task.family, datamodule.name), resumed, tags)
@@ -184,9 +183,15 @@ def run(cfg: DictConfig) -> RunResult | None:
         tester = _one_process_for_test(trainer, cfg, recorder.loggers)
         if tester is None:
             return None
-        job.before_test(cfg, task, datamodule, best_ckpt)
+        job.finish_task(task, datamodule, _fitted(cfg, best_ckpt, source if resumed is None else None))
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
+        if outputs.example is not None:  # what the pyfunc model will answer: the saved folder's answer
+            outputs.example_params = {p.name: True for p in job.prediction.params if p.required}
+            predictor = Predictor.of_folder(outputs.model_folder)
+            outputs.example_forecasts = predictor.predict(
+                outputs.example, outputs.example_params, source="example from the data"
+            )
         recorder.log_outputs(job, task, datamodule, outputs, best_ckpt)
         metrics |= outputs.metrics  # the job's own, from its outputs
 
@@ -203,7 +208,67 @@ def run(cfg: DictConfig) -> RunResult | None:
     )
 
 
-def init_source(cfg: DictConfig) -> init_from.Source | None:
+@dataclass
+class Trained:
+    """A task trained and tested as `run` does it, without the run's outputs (`fit_task`)."""
+
+    task: L.LightningModule  # with the best checkpoint's weights, after its test
+    datamodule: L.LightningDataModule
+    metrics: dict[str, float]  # the test's
+    best_val: float | None
+
+
+def fit_task(cfg: DictConfig, source=None) -> Trained:
+    """The fit and test of `run` (the same settings check, seeding, data, task, trainer, callbacks and
+    checkpoint) with no MLflow run and no outputs written: for benchmarks that train a job's task on
+    many tables. `source` (a DataFrame) replaces `cfg.data.source`."""
+    settings.check(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule, task = _instantiate_data_and_task(cfg, table=source)
+    callbacks = [
+        c for c in _instantiate_group(cfg.get("callbacks")) if not isinstance(c, LearningRateMonitor)
+    ]
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=callbacks)
+    best_ckpt, best_val = _fit(trainer, task, datamodule, None)
+    job_of(cfg.model, datamodule).finish_task(task, datamodule, _fitted(cfg, best_ckpt, None))
+    metrics = _test(trainer, task, datamodule, best_ckpt, keep_paths=False)
+    return Trained(task, datamodule, metrics, best_val)
+
+
+def _start_from(task, datamodule, source: init_from.Source | None, cfg: DictConfig) -> None:
+    """`source`'s weights into `task` (frozen with `init_from_freeze`); nothing without a source."""
+    if source is None:
+        return
+    features = getattr(datamodule, "features", None)  # data without static embeddings has none
+    vocabularies = features.static_vocabularies if features is not None else None
+    loaded = init_from.load_into(task, source, vocabularies)
+    if cfg.get("init_from_freeze"):
+        init_from.freeze(task, loaded["taken"])
+
+
+def _fitted(cfg: DictConfig, best_ckpt: str, source: init_from.Source | None) -> Fitted:
+    """The run's fit as its job's `finish_task` takes it: `fit_again` trains a new task of the run's
+    config on another data module as the run's task was trained (from `source`, or `cfg.init_from`'s
+    model, looked up on first use: a resumed run has not loaded it)."""
+    sources = [source] if source is not None or not cfg.get("init_from") else []
+
+    def fit_again(datamodule, seed: int):
+        if not sources:
+            sources.append(_init_source(cfg))
+        L.seed_everything(seed, workers=True, verbose=False)
+        task = build_task(cfg.model, datamodule)
+        _start_from(task, datamodule, sources[0], cfg)
+        trainer = instantiate(
+            cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, strategy="auto", devices=1, num_nodes=1,  # one process, as the test
+        )  # fmt: skip
+        trainer.fit(task, datamodule=datamodule)
+        return task
+
+    return Fitted(best_ckpt, int(cfg.seed), fit_again)
+
+
+def _init_source(cfg: DictConfig) -> init_from.Source | None:
     """The model `cfg.init_from` names, loaded before the data is read (None without init_from); a run
     id is looked up in the run's own tracking URI."""
     if not cfg.get("init_from"):
@@ -214,10 +279,11 @@ def init_source(cfg: DictConfig) -> init_from.Source | None:
         return init_from.resolve(str(cfg.init_from), uri)
 
 
-def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None):
-    """The set-up data module (scaled as `source`'s model in a refit) and the task sized for it; refuses
-    `paths_file` for a family that samples no paths."""
-    datamodule = _instantiate_settings(cfg.data)
+def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None = None, table=None):
+    """The set-up data module (scaled as `source`'s model in a refit; reading `table`, a DataFrame, in
+    place of `data.source` when given) and the task sized for it; refuses `paths_file` for a family
+    that samples no paths."""
+    datamodule = _instantiate_settings(cfg.data, **({"source": table} if table is not None else {}))
     if source is not None:
         init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()

@@ -2,15 +2,18 @@
 series, the rows before `train_end` assumed normal.
 
 Per series (told apart by a `series_id` column; without one the table is one series):
-- the rows before `train_end` (a time, or a fraction of each series' rows) are normal: the first
+- the rows before `train_end` (a time, a fraction of each series' rows, or a number of its first rows) are normal: the first
   (1 - `val_fraction`) of them train the model (`train_table`), the rest (`val_table`) are held out:
-  the validation loss, each channel's usual error and the alarms' threshold are measured on them;
+  the validation loss, each channel's usual error and the alarms' threshold are measured on them
+  (`val_blocks` > 1: the held-out share of each of that many blocks, spread over the normal period);
 - the rows from `train_end` on are judged (`test_table`).
 A label column (`label_col`), when the table has one, is checked (0 or 1) and only ever read to
 evaluate the judged rows: it is never a model input, nor used for training or the threshold.
 
 Values enter the network standardised by the train rows' mean and sd per channel (`loc`, `scale`),
-never per window: a level that drifted away is what a detector must see. Windows of `context_len +
+never per window: a level that drifted away is what a detector must see. A state channel
+(`state_channels`: every train value is 0 or 1, a command or a switch) enters as it is: z-scored, a
+rare toggle would be a jump of many sd that drowns the measured channels. Windows of `context_len +
 horizon` rows, stride 1, never cross series; the batches are those of the window tasks
 (`hist_target`, ..., `window`), without covariates.
 """
@@ -27,15 +30,20 @@ from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import load_table
 
 SERIES_COL = "series_id"
+SEGMENT_COL = "_segment"  # the piece of a series' normal rows a row belongs to (validation blocks)
 SPLITS = ("train", "val", "test")
 VAL_FRACTION = 0.2  # of each series' normal rows held out when no validation rows are given
 
 
 def series_rows(table: pd.DataFrame) -> dict:
-    """Positions of each series' rows in `table` (one series, key None, without a series_id column)."""
-    if SERIES_COL not in table.columns:
+    """Positions of each series' rows in `table` (one series, key None, without a series_id column); a
+    series of normal rows cut into pieces (`SEGMENT_COL`, `split_normal_rows` with blocks) gives one
+    entry per piece, keyed (series, piece): windows never cross from one piece to the next."""
+    keys = [c for c in (SERIES_COL, SEGMENT_COL) if c in table.columns]
+    if not keys:
         return {None: np.arange(len(table))}
-    codes, uniques = pd.factorize(table[SERIES_COL], sort=False)
+    key = table[keys[0]] if len(keys) == 1 else pd.MultiIndex.from_frame(table[keys])
+    codes, uniques = pd.factorize(key, sort=False)
     return {sid: np.flatnonzero(codes == i) for i, sid in enumerate(uniques)}
 
 
@@ -76,12 +84,25 @@ def check_labels(table: pd.DataFrame, label_col: str | None) -> None:
         )
 
 
+def state_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1: states
+    (a command, a switch, a valve open or shut), not measurements. A channel constant at 0 or 1 in the
+    train rows is a state too (a command never given there); any other level makes a measurement."""
+    values = np.asarray(values, dtype=float)
+    return ((values == 0.0) | (values == 1.0)).all(axis=0)
+
+
 def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(normal rows, judged rows): before `train_end` (a time, or a fraction of each series' rows)."""
+    """(normal rows, judged rows): before `train_end` (a time, a fraction of each series' rows, or a
+    whole number of each series' first rows)."""
     if isinstance(train_end, float) and 0.0 < train_end < 1.0:
         before = np.zeros(len(table), dtype=bool)
         for rows in series_rows(table).values():
             before[rows[: round(train_end * len(rows))]] = True
+    elif isinstance(train_end, int | np.integer) and not isinstance(train_end, bool):
+        before = np.zeros(len(table), dtype=bool)
+        for rows in series_rows(table).values():
+            before[rows[: int(train_end)]] = True
     else:
         if time_col not in table.columns:
             raise DataValidationError(
@@ -94,15 +115,22 @@ def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFram
 
 
 def split_normal_rows(
-    train: pd.DataFrame, fraction: float = VAL_FRACTION
+    train: pd.DataFrame, fraction: float = VAL_FRACTION, blocks: int = 1
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The first (1 - fraction) of each series' rows to train on, the rest held out."""
+    """Each series' rows cut into `blocks` equal blocks; the first (1 - fraction) of each block to train
+    on, the rest held out (one block: the last share of the series). With several blocks the held-out
+    rows are spread over the normal period, and each piece is marked (`SEGMENT_COL`) so that no window
+    crosses from one piece to another."""
     keep, held = [], []
     for rows in series_rows(train).values():
-        cut = len(rows) - max(1, round(fraction * len(rows)))
-        keep.append(rows[:cut])
-        held.append(rows[cut:])
-    return train.iloc[np.concatenate(keep)], train.iloc[np.concatenate(held)]
+        for block in np.array_split(rows, blocks):
+            cut = len(block) - max(1, round(fraction * len(block)))
+            keep.append(block[:cut])
+            held.append(block[cut:])
+    if blocks == 1:
+        return train.iloc[np.concatenate(keep)], train.iloc[np.concatenate(held)]
+    pieces = [train.iloc[part].assign(**{SEGMENT_COL: i}) for i, part in enumerate(keep + held)]
+    return pd.concat(pieces[: len(keep)]), pd.concat(pieces[len(keep) :])
 
 
 class AnomalyWindows(Dataset):
@@ -146,6 +174,7 @@ class AnomalyData(L.LightningDataModule):
         label_col: str | None = None,
         train_end=0.7,
         val_fraction: float = VAL_FRACTION,
+        val_blocks: int = 1,
         batch_size: int = 64,
         eval_batch_size: int = 256,
         num_workers: int = 0,
@@ -155,6 +184,9 @@ class AnomalyData(L.LightningDataModule):
         super().__init__()
         if not 0.0 < float(val_fraction) < 1.0:
             raise ValueError(f"val_fraction={val_fraction}: a share of the normal rows, between 0 and 1")
+        if int(val_blocks) < 1:
+            raise ValueError(f"val_blocks={val_blocks}: at least 1 (1: the last share of each series)")
+        self.val_blocks = int(val_blocks)
         self.source, self.name = source, name
         self.channels = [str(c) for c in target_cols]
         self.context_len, self.horizon = int(context_len), int(horizon)
@@ -168,18 +200,14 @@ class AnomalyData(L.LightningDataModule):
         self.tables: dict[str, pd.DataFrame] = {}
         self.datasets: dict[str, AnomalyWindows] = {}
 
-    @classmethod
-    def of_tables(
-        cls, train: pd.DataFrame, val: pd.DataFrame, channels: list[str], **settings
-    ) -> AnomalyData:
-        """Set up from normal rows already split (`fit_detector`): the validation rows serve as the test."""
-        data = cls(None, target_cols=channels, **settings)
-        data.set_tables(train, val, val)
-        return data
-
     @property
     def window(self) -> int:
         return self.context_len + self.horizon
+
+    @property
+    def state_names(self) -> list[str]:
+        """The channels read as states (`state_channels`) from the train rows."""
+        return [c for c, state in zip(self.channels, self.states, strict=True) if state]
 
     def setup(self, stage: str | None = None) -> None:
         """Read, check and split the table, standardise, window. Idempotent."""
@@ -188,16 +216,17 @@ class AnomalyData(L.LightningDataModule):
         table = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
         check_labels(table, self.label_col)
         normal, judged = split_at(table, self.train_end, self.time_col)
-        self.set_tables(*split_normal_rows(normal, self.val_fraction), judged)
+        self.set_tables(*split_normal_rows(normal, self.val_fraction, self.val_blocks), judged)
 
     def set_tables(self, train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame) -> None:
         check_table(train, self.channels, self.window, "train rows")
         check_table(val, self.channels, self.window, "validation rows")
         check_table(test, self.channels, self.window, "judged rows")
         values = train[self.channels].to_numpy(dtype=float)
-        self.loc = values.mean(axis=0)  # (C,)
+        self.states = state_channels(values)  # (C,) bool: entered as they are
+        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,)
         sd = values.std(axis=0)
-        self.scale = np.where(sd > 1e-8, sd, 1.0)  # a constant channel: 1
+        self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1
         self.tables = dict(zip(SPLITS, (train, val, test), strict=True))
         self.datasets = {
             split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon)

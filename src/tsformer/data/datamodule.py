@@ -438,7 +438,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             where = f" (at most {most} in one series), from {describe_row(source, int(rows[0]))}"
         need = (
             f"{n_target} target rows inside the split plus {offset} history rows before them"
-            if self.horizon > 0
+            if offset
             else f"{n_target} rows inside the split"
         )
         return DataValidationError(

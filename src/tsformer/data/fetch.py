@@ -268,6 +268,26 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def simulate_command(data: dict, future_steps: int, min_steps: int) -> str | None:
+    """The `tsformer-data simulate` command, runnable from any folder, that writes a new table of the
+    simulated data set `data` (a run's data config, resolved) trained on: its simulator's settings, another
+    seed, at least `min_steps` rows per series, the target cells of each series' last `future_steps` rows
+    empty; None when `data` is not a simulated data set's."""
+    configs = simulated_data_configs()
+    name, source = data.get("name"), data.get("source") or {}
+    if name not in configs or source.get("_target_") != configs[name]["source"]["_target_"]:
+        return None
+    own = simulator_settings(configs[name])
+    used = {k: v for k, v in source.items() if k in SIMULATOR_OPTIONS}
+    options = {"seed": int(used.get("seed", own["seed"])) + 1, "n_steps": max(200, 2 * min_steps)}
+    options |= {k: v for k, v in used.items() if k not in ("seed", "n_steps", "n_series") and v != own.get(k)}
+    args = [f"{_option(k)} {shlex.quote(str(v))}" for k, v in options.items()]
+    args += [f"--future-steps {future_steps}"] if future_steps else []
+    script = Path(sys.executable).parent / "tsformer-data"  # the console script beside the interpreter
+    runs = shlex.quote(os.path.abspath(script)) if script.is_file() else "tsformer-data"
+    return " ".join([runs, "simulate", name, *args, "--output new.csv"])
+
+
 def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> None:
     parser.add_argument(
         "dataset", choices=sorted(configs), help="the simulated data set (conf/data/<name>.yaml)"
@@ -293,25 +313,10 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
 def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
     config = configs[args.dataset]
     settings = simulator_settings(config)
-    given = {k: v for k, v in vars(args).items() if k in SIMULATOR_OPTIONS and v is not None}
-    if unknown := sorted(set(given) - set(settings)):
-        return _refuse(
-            f"{', '.join(_option(k) for k in unknown)}: not a setting of {args.dataset}'s simulator "
-            f"({config['source']['_target_']}); its settings: {', '.join(_option(k) for k in settings if k in SIMULATOR_OPTIONS)}"
-        )
-    settings.update(given)
-    labelled = not config.get("target_cols")  # a classification stream: a label per step, no forecast
-    if config.get("label_col") and args.future_steps:
-        what = "classification" if labelled else "anomaly detection"
-        return _refuse(
-            f"--future-steps: {args.dataset} is a labelled table for {what} (a label per step), "
-            f"not a forecast's data; leave --future-steps out"
-        )
-    if not 0 <= args.future_steps < settings["n_steps"]:
-        return _refuse(
-            f"--future-steps {args.future_steps} must be at least 0 and below --n-steps "
-            f"{settings['n_steps']} (the rows before them are the history)"
-        )
+    problem = _simulate_problem(args, config, settings)
+    if problem:
+        return _refuse(problem)
+    settings.update({k: v for k, v in vars(args).items() if k in SIMULATOR_OPTIONS and v is not None})
     try:
         table, targets = simulated_table(config, settings, args.future_steps)
     except ValueError as err:  # settings the simulator refuses (a table too short for its faults)
@@ -323,32 +328,62 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
         f"{path.resolve()}: {args.dataset}, {table['series_id'].nunique()} series x {settings['n_steps']} steps "
         f"of {settings['freq']} (seed {settings['seed']}), columns {', '.join(table.columns)}"
     )
-    if labelled:
+    print(_what_next(args, config, table, targets, path))
+    return 0
+
+
+def _simulate_problem(args: argparse.Namespace, config: dict, settings: dict) -> str:
+    """What is wrong with the options of `simulate` ("" when nothing): a setting the data set's
+    simulator does not take, future steps of a labelled table, or as many as its rows."""
+    given = {k for k, v in vars(args).items() if k in SIMULATOR_OPTIONS and v is not None}
+    if unknown := sorted(given - set(settings)):
+        takes = ", ".join(_option(k) for k in settings if k in SIMULATOR_OPTIONS)
+        return (
+            f"{', '.join(_option(k) for k in unknown)}: not a setting of {args.dataset}'s simulator "
+            f"({config['source']['_target_']}); its settings: {takes}"
+        )
+    if config.get("label_col") and args.future_steps:
+        what = "anomaly detection" if config.get("target_cols") else "classification"
+        return (
+            f"--future-steps: {args.dataset} is a labelled table for {what} (a label per step), "
+            f"not a forecast's data; leave --future-steps out"
+        )
+    n_steps = getattr(args, "n_steps", None) or settings["n_steps"]
+    if not 0 <= args.future_steps < n_steps:
+        return (
+            f"--future-steps {args.future_steps} must be at least 0 and below --n-steps {n_steps} (the "
+            "rows before them are the history)"
+        )
+    return ""
+
+
+def _what_next(args: argparse.Namespace, config: dict, table, targets: list[str], path: Path) -> str:
+    """The line after the table's: the command that uses it (predict.py, or train.py on it)."""
+    at = shlex.quote(str(path.resolve()))
+    if not config.get("target_cols"):  # a classification stream: a label per step, no forecast
         channels = ",".join(config["channel_cols"])
-        print(
+        return (
             f"classify it with a model trained on data={args.dataset}: "
-            f"{command_line('predict', '<run id>', shlex.quote(str(path)), '--output classes.csv')}\n"
+            f"{command_line('predict', '<run id>', at, '--output classes.csv')}\n"
             f"or train on it: {command_line('train', 'model=enc_only_classifier data=stream')} "
-            f"data.source={shlex.quote(str(path))} data.series_col=series_id data.channel_cols=[{channels}] "
+            f"data.source={at} data.series_col=series_id data.channel_cols=[{channels}] "
             f"data.label_col={targets[0]}"
         )
-    elif config.get("label_col"):  # channels with labelled faults: anomaly detection's table
-        print(
+    if config.get("label_col"):  # channels with labelled faults: anomaly detection's table
+        return (
             f"judge it with a model trained on data={args.dataset}: "
-            f"{command_line('predict', '<run id>', shlex.quote(str(path.resolve())), '--output anomalies.csv')}"
+            f"{command_line('predict', '<run id>', at, '--output anomalies.csv')}"
         )
-    elif args.future_steps:
-        print(
+    if args.future_steps:
+        return (
             f"the targets ({', '.join(targets)}) of each series' last {args.future_steps} rows are empty; "
-            f"forecast them: {command_line('predict', '<run id>', shlex.quote(str(path)), '--output forecasts.csv')}"
+            f"forecast them: {command_line('predict', '<run id>', at, '--output forecasts.csv')}"
         )
-    else:
-        known = [c for c in table.columns if c not in ("series_id", "time", *targets)]
-        print(
-            f"train on it: {command_line('train', f'data=csv data.source={shlex.quote(str(path))}')} data.series_col=series_id "
-            f"data.target_cols=[{','.join(targets)}] data.known_cols=[{','.join(known)}]"
-        )
-    return 0
+    known = [c for c in table.columns if c not in ("series_id", "time", *targets)]
+    return (
+        f"train on it: {command_line('train', f'data=csv data.source={at}')} data.series_col=series_id "
+        f"data.target_cols=[{','.join(targets)}] data.known_cols=[{','.join(known)}]"
+    )
 
 
 def cli(argv=None) -> int:

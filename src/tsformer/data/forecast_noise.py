@@ -123,7 +123,7 @@ class ForecastNoise:
         if self._columns is None:
             raise RuntimeError("ForecastNoise.bind() must be called before use (the DataModule does it)")
         horizon = fut_known.shape[0]
-        if horizon == 0:
+        if not horizon:  # a window without future rows: nothing to perturb
             return fut_known
         out = fut_known.numpy().astype(np.float64)  # (M, Dk), a copy
         speed, sin, cos = (out[:, self._columns] * self._scale + self._offset).T  # each (M,) original units

@@ -55,20 +55,32 @@ def simulate_plant_anomaly(
         start = test_start + int(rng.integers(100, n_steps - test_start - length - 100))
         hit = rows[start : start + length]
         sensor = sensors[0]
-        values = table[sensor].to_numpy(dtype=float).copy()
+        values = table[sensor].to_numpy(dtype=float)
         sd = values[rows[:test_start]].std()
-        if fault == "spike":
-            values[hit] += 8 * sd
-        elif fault == "stuck":
-            values[hit] = values[hit[0]]
-        elif fault == "drift":
-            values[hit] += np.linspace(0, 4 * sd, length)
-        elif fault == "relation":
-            ambient = table["ambient_pressure"].to_numpy(dtype=float)
-            values[hit] = ambient[hit] + 0.25 * (values[hit] - ambient[hit])
-        table[sensor] = values
+        ambient = table["ambient_pressure"].to_numpy(dtype=float)
+        table[sensor] = inject_fault(values, hit, fault, sd, reference=ambient)
         table.loc[table.index[hit], "label"] = 1
     return table
+
+
+def inject_fault(
+    values: np.ndarray, hit: np.ndarray, fault: str, sd: float, reference: np.ndarray
+) -> np.ndarray:
+    """A copy of one sensor's `values (T,)` with `fault` written on the rows `hit` (consecutive): a spike
+    of +8 `sd`, the reading stuck at its first value, a drift growing to +4 `sd`, or its rise over
+    `reference (T,)` cut to a quarter (a changed relation)."""
+    values = np.array(values, dtype=float)
+    if fault == "spike":
+        values[hit] += 8 * sd
+    elif fault == "stuck":
+        values[hit] = values[hit[0]]
+    elif fault == "drift":
+        values[hit] += np.linspace(0, 4 * sd, len(hit))
+    elif fault == "relation":
+        values[hit] = reference[hit] + 0.25 * (values[hit] - reference[hit])
+    else:
+        raise ValueError(f"fault {fault!r}: one of spike, stuck, drift, relation")
+    return values
 
 
 def normal_split(table: pd.DataFrame, test_fraction: float = 0.3, val_fraction: float = 0.2):

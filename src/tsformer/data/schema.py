@@ -220,24 +220,9 @@ class SeriesSchema:
     def _parse_times(self, df, source, series) -> pd.Series:
         raw = df[self.time_col]
         time_format = self.time_format or self._date_order(raw, source)
-        try:
-            times = _to_datetime(raw, time_format, source)
-        except (ValueError, TypeError) as err:
-            raise DataValidationError(
-                f"{source}: column '{self.time_col}' cannot be read as times: {err}"
-            ) from err
-        bad = times.isna().to_numpy()
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            value = plain(raw.iloc[row])
-            what = "empty time" if pd.isna(value) else f"unparseable time {value!r}"
-            read_as = f"the format {time_format!r}" if time_format else "a format inferred from the first row"
-            raise DataValidationError(
-                f"{source}: {what} at {_where(source, self.time_col, row, self._sid(series, row))}"
-                f" ({int(bad.sum())} bad time cell(s) in total, read with {read_as}); set the times' "
-                f"strftime format with {setting_name('time_format')}, e.g. '%d/%m/%Y %H:%M'"
-            )
-        return times.astype("datetime64[ns]")
+        return read_times(
+            raw, time_format, source, lambda row: _where(source, self.time_col, row, self._sid(series, row))
+        )
 
     def time_format_of(self, df: pd.DataFrame, source: str) -> str | None:
         """The strftime format `validate` reads the text times of `df` with: `time_format` when set,
@@ -430,6 +415,28 @@ def _to_datetime(raw: pd.Series, time_format: str | None, source: str) -> pd.Ser
         log.info("%s: timezone-aware times converted to naive UTC", source)
         times = times.dt.tz_convert("UTC").dt.tz_localize(None)
     return times
+
+
+def read_times(raw: pd.Series, time_format: str | None, source: str, where=None) -> pd.Series:
+    """The column `raw` as naive times (`datetime64[ns]`), read with `time_format` (None: inferred from
+    the first row); an empty or unparseable cell is one `DataValidationError` naming its place
+    (`where(row)`, default: the column and row in `source`)."""
+    where = where or (lambda row: _where(source, raw.name, row))
+    try:
+        times = _to_datetime(raw, time_format, source)
+    except (ValueError, TypeError) as err:
+        raise DataValidationError(f"{source}: column '{raw.name}' cannot be read as times: {err}") from err
+    bad = times.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = plain(raw.iloc[row])
+        what = "empty time" if pd.isna(value) else f"unparseable time {value!r}"
+        read_as = f"the format {time_format!r}" if time_format else "a format inferred from the first row"
+        raise DataValidationError(
+            f"{source}: {what} at {where(row)} ({int(bad.sum())} bad time cell(s) in total, read with "
+            f"{read_as}); set the times' strftime format with {setting_name('time_format')}, e.g. '%d/%m/%Y %H:%M'"
+        )
+    return times.astype("datetime64[ns]")
 
 
 def series_ids(clean: pd.DataFrame, schema: SeriesSchema) -> np.ndarray:

@@ -20,8 +20,11 @@ from torch.utils.data import Dataset
 
 
 def target_span(context_len: int, horizon: int) -> tuple[int, int]:
-    """(offset of the first target step from the window start, number of target steps)."""
-    return (context_len, horizon) if horizon > 0 else (0, context_len)
+    """(offset of the first target step from the window start, number of target steps): the window's
+    geometry, the data layer's one reading of a horizon of 0 (a window without future rows is its own
+    target). Tasks declare what they produce (`tasks.base.WindowTask.produces`) and check that their
+    horizon fits it; the data module is built before and without the task."""
+    return (context_len, horizon) if horizon else (0, context_len)
 
 
 def window_starts(
@@ -133,6 +136,12 @@ class WindowDataset(Dataset):
         rows = np.unique(self.target_rows())
         return rows[self.valid[rows].numpy()]
 
+    @property
+    def targets_are_window(self) -> bool:
+        """Whether each window's targets are its own rows (reconstruction) rather than the rows after it."""
+        return target_span(self.context_len, self.horizon)[0] == 0
+
     def origin_rows(self) -> np.ndarray:
         """Row of each window's origin, (W,): last history step (forecast) or window start."""
-        return self.starts + (self.context_len - 1 if self.horizon > 0 else 0)
+        offset, _ = target_span(self.context_len, self.horizon)
+        return self.starts + max(offset - 1, 0)

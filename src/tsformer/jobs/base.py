@@ -3,7 +3,6 @@ every run prints (`print_summary`). See `tsformer.jobs` for the registry and how
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
@@ -16,6 +15,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer.config import command_line
+from tsformer.model_folder import FolderKind
 
 
 @dataclass
@@ -26,24 +26,90 @@ class RunOutputs:
     csv_path: Path | None = None  # the test outputs' CSV (None: none, or forecasts_file=null)
     forecasts: pd.DataFrame | None = None  # the CSV's rows
     paths_path: Path | None = None  # sampled paths (Parquet), with paths_file
-    # a table from the data as predict.py takes it, and the saved folder's predictions of it: the pyfunc
-    # model's signature (None: the job has no pyfunc model; its folder is logged as the artifacts `model`)
+    # a table from the data as predict.py takes it, and the saved folder's answer to it (`train.run`, through
+    # the `Predictor` of the folder: a round trip that fails the run, not a user later): the pyfunc model's
+    # signature (None: the job has no pyfunc model; its folder is logged as the artifacts `model`)
     example: pd.DataFrame | None = None
     example_forecasts: pd.DataFrame | None = None
-    optional_inputs: tuple[str, ...] = ()  # columns of `example` new data may leave out
+    example_params: dict = field(default_factory=dict)  # the params `example_forecasts` answers with
     # the job's own test metrics from its outputs (`test/...`: anomaly detection's alarms against labels),
     # which `train.run` adds to the test's; the job's `log_outputs` logs them
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)  # what else the job hands on to log_outputs
+    logged_under: str = "forecasts"  # the MLflow run's artifact folder of the CSV (and paths): the job's
 
 
 def _nothing(*args) -> None:
     return None
 
 
-def _model_predict(model, table: pd.DataFrame, origin: str | None, source: str) -> pd.DataFrame:
-    """The inference object's own predictions of `table` (forecasts, classes)."""
-    return model.predict(table, origin=origin, source=source)
+@dataclass(frozen=True)
+class Param:
+    """An option of a use of a model: predict.py's `--<name>` (dashes for underscores), a key of the
+    `params` of a tsformer-serve request and of the pyfunc model's `predict`."""
+
+    name: str
+    help: str
+    kind: type = str  # str (None or "": not given) or bool (a switch; False: not given)
+    required: bool = False  # a switch the job's model answers only with (a use that gives another table)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def unset(self):
+        """The value of a param not given (the pyfunc signature's default)."""
+        return False if self.kind is bool else ""
+
+
+ORIGIN = Param(
+    "origin",
+    "forecast from this time for every series (default: each series' last row with all targets "
+    "observed); later targets are ignored",
+)
+TIME_FORMAT = Param(
+    "time_format",
+    "strftime format of the table's text times, e.g. '%d/%m/%Y %H:%M' (default: the training "
+    "data's data.time_format)",
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """How a job's model answers a table: the one function behind predict.py, tsformer-serve and the
+    pyfunc model (`serving.predictor.Predictor`), the options it takes, and predict.py's report."""
+
+    # (model, table as pd.read_csv gives it, params: every one of `params` with its value, source name for
+    # messages) -> the answer table; tables to write beside it go in its attrs["beside"] ({name: frame})
+    answer: Callable[[Any, pd.DataFrame, dict, str], pd.DataFrame]
+    # (model, answer, the files predict.py wrote: the answer's CSV, then those beside it) -> what it prints
+    report: Callable[[Any, pd.DataFrame, list[Path]], str]
+    params: tuple[Param, ...] = (TIME_FORMAT,)
+    # predict.py writes the answer as the training file was written (separator, decimal mark, encoding,
+    # time format): the answer is the input table itself, completed
+    written_as_read: bool = False
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A run's fit, as its job finishes the task after it (`Job.finish_task`), before the test."""
+
+    best_checkpoint: str  # the weights the test takes ("": the task's own, the last)
+    seed: int  # the run's
+    # (data module, seed) -> a new task of the run's config trained on that data as the run's task was
+    # (its init_from, its trainer settings; one process, no logger, no checkpoint): a classifier's
+    # cross-fitted networks for its temperature
+    fit_again: Callable[[Any, int], Any]
+
+
+def refuses(why: Callable[[Any], str]) -> Prediction:
+    """The `Prediction` of a job whose model answers nothing (`why(model)`: the one line saying so)."""
+
+    def answer(model, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+        raise ValueError(why(model))
+
+    return Prediction(answer=answer, report=lambda model, answer, written: "", params=())
 
 
 @dataclass(frozen=True)
@@ -51,49 +117,44 @@ class Job:
     """One job of the application: everything about a run that is not the task itself.
 
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
-    takes from the data), `prepare_task` (after it is built), `before_test` (after the fit),
-    `write_outputs` (after the test),
-    `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py
-    calls `load` and `predict`. The fields are plain functions, so that a job is a module with a `JOB`
-    (`job_of_module`: the module's functions of these names).
+    takes from the data), `prepare_task` (after it is built), `finish_task` (after the fit, before the
+    test: a classifier fits its probabilities' temperature), `write_outputs` (after the test),
+    `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py,
+    tsformer-serve and the pyfunc model load its folder by its kind (`folders`), then call
+    `prediction.answer` (through `serving.predictor.Predictor`). The fields are plain functions, so that a job is a module with a
+    `JOB` (`job_of_module`: the module's functions of these names).
     """
 
     name: str  # the run name's first word and the MLflow tag `job`
     tasks: tuple[type, ...]  # the task classes it runs (their subclasses too): how a run finds its job
     data: str  # the data it takes, for the error naming a model and data that do not go together
-    takes_data: Callable[[Any], bool]  # whether a set-up data module feeds it
+    data_class: type  # the data module class it takes (`takes_data`)
     task_sizes: Callable[[Any], dict]  # datamodule -> the task's constructor arguments from the data
     write_outputs: Callable[[DictConfig, Any, Any, str | None], RunOutputs]  # cfg, task, datamodule, run id
     log_outputs: Callable[
         [Any, DictConfig, Any, Any, RunOutputs], None
     ]  # logger, cfg, task, datamodule, outputs
     summary_lines: Callable[[dict, list, RunOutputs], list[str]]  # metrics, baselines, outputs
-    load: Callable[[Path], Any]  # model folder -> the inference object (`Forecaster`, `Classifier`)
-    predict: Callable[[Any, pd.DataFrame, argparse.Namespace], str]  # predict.py: writes args.output
+    folders: tuple[FolderKind, ...]  # the kinds of model folder its runs write (`model_folder`)
+    prediction: Prediction  # how the inference object answers a table (predict.py, tsformer-serve, pyfunc)
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
-    # after the fit, before the test (cfg, task, datamodule, best checkpoint path or ""): a classifier
-    # fits the temperature of its probabilities here
-    before_test: Callable[[DictConfig, Any, Any, str], None] = _nothing
-    # a table in, the job's rows out (model, table, origin, source): what `tsformer-serve` answers with
-    predict_table: Callable[[Any, pd.DataFrame, str | None, str], pd.DataFrame] = _model_predict
-    # the predict.py option that asks for this job's use, and its help; predict.py refuses it for another
-    # job's model, and refuses this job's model without it
-    predict_flag: tuple[str, str] | None = None
-    # predict.py options this job's models may take (flag, help), e.g. classification's --explain;
-    # refused for another job's model
-    predict_options: tuple[tuple[str, str], ...] = ()
+    finish_task: Callable[[Any, Any, Fitted], None] = _nothing  # task, datamodule, the fit
+    data_filter: Callable[[Any], bool] = lambda datamodule: True  # what else its data module must be
+
+    def takes_data(self, datamodule) -> bool:
+        """Whether a set-up data module feeds it: one of `data_class`, passing `data_filter`."""
+        return isinstance(datamodule, self.data_class) and self.data_filter(datamodule)
 
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
-FUNCTIONS = ("takes_data", "task_sizes", "prepare_task", "before_test", "write_outputs", "log_outputs")
+FUNCTIONS = ("data_filter", "task_sizes", "prepare_task", "finish_task", "write_outputs", "log_outputs")
 FUNCTIONS += ("summary_lines",)
-FUNCTIONS += ("load", "predict")
 
 
 def job_of_module(module_name: str, **fields) -> Job:
-    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `prepare_task` and
-    `before_test` may be left out), with the other `fields` given."""
+    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `data_filter`,
+    `prepare_task` and `finish_task` may be left out), with the other `fields` given."""
     module = sys.modules[module_name]
     return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 
@@ -103,18 +164,9 @@ def predict_usage(what: str, *options: str) -> Callable[[str], str]:
     return lambda ref: f"{what}: {command_line('predict', shlex.quote(ref), '<table.csv>', *options)}"
 
 
-def predict_csv(
-    model, table: pd.DataFrame, args: argparse.Namespace, **options
-) -> tuple[pd.DataFrame, Path, str]:
-    """`model.predict` of `table` (with the job's `options`) written to `args.output` (predict.py's
-    options): the rows, the file, and who predicted them, '<family> model (run <id>, data <data set>)'."""
-    from tsformer.serving.writers import write_csv
-
-    frame = model.predict(
-        table, origin=args.origin, source=str(args.data), time_format=args.time_format, **options
-    )
-    path = write_csv(frame, args.output).resolve()
-    return frame, path, f"{model.info.family} model (run {model.info.run_id}, data {model.info.dataset})"
+def made_by(model) -> str:
+    """Who answered, for predict.py's report: '<family> model (run <id>, data <data set>)'."""
+    return f"{model.info.family} model (run {model.info.run_id}, data {model.info.dataset})"
 
 
 RULE = "=" * 72

@@ -1,6 +1,7 @@
 """What a model reference names: an MLflow run id, a `runs:/` or `models:/` URI, or a folder (a run's
-output folder, its `model/`, a downloaded MLflow model), resolved to the local model folder, and the
-folder's job and inference object. predict.py, tsformer-serve, init_from= and the fleet all start here.
+output folder, its `model/`, a downloaded MLflow model), resolved to the local model folder
+(`serving.predictor.load_predictor` loads it). predict.py, tsformer-serve, init_from= and the fleet
+all start here.
 
 MLflow is only used to fetch the model; the tracking URI is the one given, else
 `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db` in the current folder, as in training. A tracking
@@ -12,10 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
-from tsformer.jobs import job_of_folder
 from tsformer.model_folder import CONFIG_FILE
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -31,14 +30,6 @@ def find_model_folder(folder: Path) -> Path:
         f"no tsformer model in {folder}: looked for {CONFIG_FILE} in "
         f"{', '.join(str(folder / p) for p in MODEL_FOLDER_PLACES)}"
     )
-
-
-def load_job_and_model(reference: str, tracking_uri: str | None):
-    """(job, inference object) of a run id, model URI or folder; a downloaded copy is removed once loaded."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = resolve_model(reference, tracking_uri, Path(tmp))
-        job = job_of_folder(folder)
-        return job, job.load(folder)
 
 
 def resolve_model(reference: str, tracking_uri: str | None, download_to: Path) -> Path:

@@ -5,14 +5,17 @@ as there). Requests and answers follow MLflow's scoring protocol (those of `mlfl
 that MLflow's clients and examples work:
 
 - `POST /invocations` with a JSON body `{"dataframe_split": {"columns": [...], "data": [[...], ...]}}`
-  or `{"dataframe_records": [{...}, ...]}`, optionally `"params": {"origin": "2024-05-01 12:00"}`; or a
-  CSV body (`Content-Type: text/csv`). The table is laid out as for `predict.py`, times as text in the
-  training data's format.
-- The answer: `{"predictions": [{column: value, ...}, ...]}`, the rows of `predict.py`'s CSV (a fill-in
-  model: the table with its empty cells filled), missing values as `null` (valid JSON), times as ISO text.
+  or `{"dataframe_records": [{...}, ...]}`, optionally `"params"`: the options of the model's job, as
+  predict.py's (`{"origin": "2024-05-01 12:00"}` for a forecaster, `{"impute": true}` for a fill-in
+  model); or a CSV body (`Content-Type: text/csv`). The table is laid out as for `predict.py`, times as
+  text in the training data's format.
+- The answer: `{"predictions": [{column: value, ...}, ...]}`, the rows of `predict.py`'s CSV (both answer
+  through `serving.predictor.Predictor`), missing values as `null` (valid JSON), times as ISO text
+  (`2024-01-01T02:09:00.000`) for every job.
 - A table the model cannot take: status 400 and `{"error_code": "BAD_REQUEST", "message": "..."}`, the
   one line `predict.py` prints, no stack trace (MLflow's server answers with the whole trace).
 - `GET /ping`, `/health`: 200 once the model is loaded; `GET /version`: the tsformer version.
+- One line per request in the log: method, path, status, seconds.
 
 The server runs in this process (uvicorn imported, not started from PATH as `mlflow models serve` does,
 which fails unless the virtual environment is activated).
@@ -26,7 +29,7 @@ import json
 import logging
 import os
 import sys
-from functools import partial
+import time
 
 import pandas as pd
 from fastapi import FastAPI, Request  # at module level: FastAPI reads the handlers' annotations here
@@ -83,28 +86,40 @@ def _table_of_json(payload) -> tuple[pd.DataFrame, dict]:
     )
 
 
-def answer(predict_table, table: pd.DataFrame, params: dict) -> str:
-    """The JSON answer to a table: `{"predictions": [...]}`, missing values null, times ISO text.
-    `predict_table(table, origin, source)`: the model's job's rows of a table (`Job.predict_table`)."""
-    source = "the request's table"
+def answer(predictor, table: pd.DataFrame, params: dict) -> str:
+    """The JSON answer to a table: `{"predictions": [...]}`, the rows of `predictor.predict(table,
+    params)` (a `Predictor`), missing values null, times ISO text."""
     try:
-        result = predict_table(table, params.get("origin") or None, source)
+        result = predictor.predict(table, params, source="the request's table")
     except (DataValidationError, ValueError, KeyError) as err:
         raise BadRequest(
             str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         ) from err
-    # pandas writes NaN and NaT as null (json.dumps would write NaN, which JSON parsers refuse)
-    return '{"predictions": ' + result.to_json(orient="records", date_format="iso") + "}"
+    return '{"predictions": ' + answer_json(result) + "}"
 
 
-def app(model, predict_table):
-    """The FastAPI application answering for `model` (a loaded Forecaster or Classifier; its CSV options
-    read a CSV body) with `predict_table` (see `answer`)."""
+def answer_json(frame: pd.DataFrame) -> str:
+    """The rows of an answer as a JSON list of objects: missing values null (json.dumps would write
+    NaN, which JSON parsers refuse), times ISO text (`2024-01-01T02:09:00.000`)."""
+    return frame.to_json(orient="records", date_format="iso")
+
+
+def app(predictor):
+    """The FastAPI application answering with `predictor` (a `Predictor`; its model's CSV options read
+    a CSV body), one access line per request in the log."""
 
     api = FastAPI(title="tsformer")
 
     def json_response(content: str, status: int = 200) -> Response:
         return Response(content=content, status_code=status, media_type="application/json")
+
+    @api.middleware("http")
+    async def access_line(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        seconds = time.perf_counter() - started
+        log.info("%s %s %d %.3fs", request.method, request.url.path, response.status_code, seconds)
+        return response
 
     @api.get("/ping")
     @api.get("/health")
@@ -119,8 +134,9 @@ def app(model, predict_table):
     async def invocations(request: Request):
         body = await request.body()
         try:
-            table, params = read_request(body, request.headers.get("content-type", ""), model.contract.csv)
-            return json_response(answer(predict_table, table, params))
+            csv = predictor.model.contract.csv
+            table, params = read_request(body, request.headers.get("content-type", ""), csv)
+            return json_response(answer(predictor, table, params))
         except BadRequest as err:
             return json_response(json.dumps({"error_code": "BAD_REQUEST", "message": str(err)}), 400)
         except Exception as err:
@@ -146,24 +162,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tsformer.serving.references import load_job_and_model
+    from tsformer.serving.predictor import load_predictor
 
     try:
-        job, model = load_job_and_model(args.model, args.tracking_uri)
+        predictor = load_predictor(args.model, args.tracking_uri)
     except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     import uvicorn
 
-    info = model.info
+    info = predictor.model.info
     print(
-        f"serving the {info.family} model of run {info.run_id} at http://{args.host}:{args.port}/invocations "
-        f"(Ctrl+C stops)",
+        f"serving the {predictor.job.name} model ({info.family}) of run {info.run_id} at "
+        f"http://{args.host}:{args.port}/invocations (Ctrl+C stops)",
         flush=True,
     )
-    uvicorn.run(
-        app(model, partial(job.predict_table, model)), host=args.host, port=args.port, log_level="warning"
-    )
+    # uvicorn's own access log is off: the application writes one line per request (`app`)
+    uvicorn.run(app(predictor), host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
 

@@ -9,10 +9,25 @@ from pathlib import Path
 
 import pandas as pd
 
+# the options of pandas.read_csv that DataFrame.to_csv takes too: a table written back as it was read
+WRITE_OPTIONS = ("sep", "decimal", "encoding", "date_format")
+
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically: a crash mid-write never leaves a half-written file at `path`."""
     return write_atomically(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def write_answer(answer: pd.DataFrame, path: str | Path, as_read: dict | None = None) -> list[Path]:
+    """A `Predictor`'s answer as predict.py writes it: a CSV at `path` (`as_read`: the pandas.read_csv
+    options the input was read with, and its `date_format`: the answer is the input table completed),
+    then each table of `answer.attrs["beside"]` beside it, `<stem>_<name>.csv`; each file atomically."""
+    path = Path(path)
+    options = {k: v for k, v in (as_read or {}).items() if k in WRITE_OPTIONS and v is not None}
+    written = [write_atomically(path, lambda tmp: answer.to_csv(tmp, index=False, **options))]
+    for name, table in answer.attrs.get("beside", {}).items():
+        written.append(write_csv(table, path.with_name(f"{path.stem}_{name}.csv")))
+    return written
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path) -> Path:

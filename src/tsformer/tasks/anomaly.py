@@ -1,61 +1,90 @@
-"""Anomaly detectors: a window task trained on normal rows that scores every row of a table and each of
-its channels (`tsformer.jobs.anomaly.job`, docs/anomaly.md). Two methods, each a task of its family:
+"""Anomaly detectors: a window task trained on normal rows that scores windows of a table, and from them
+every row and each of its channels (`tsformer.jobs.anomaly`, docs/anomaly.md).
 
-- `MaskedAnomalyDetector` (`model=enc_only_anomaly`: masked fill-in, the encoder-only family trained
-  the BERT way): windows of `context_len` steps every `stride` steps; in each window every value is
-  hidden once in a run of `run_length` steps (`n_masks` interleaved masks: value (t, c) is hidden by
-  mask ((t // run_length) + c) mod n_masks) and, with `channel_out`, each channel is hidden over the
-  first half of the window and then over the second half, restored from the other channels and its
-  own other half (a stuck or drifting sensor that its own neighbours would "explain", or a changed
-  relation between two sensors, shows against what the rest of the window says it should read).
-  Training hides geometric runs (`mask_ratio`, `mask_mean_length`) and, in half of the windows, one
-  channel over a block of N/4 to N steps: what scoring asks of the model. A value's error is the mean
-  over every window covering it, per kind of mask.
-- `ForecastAnomalyDetector` (`model=dec_only_anomaly`: the decoder-only family with its Gaussian head,
-  one step ahead, `horizon` 1): step t is predicted from the `context_len` rows before it alone (the
-  first rows of a series from the rows they have), and its surprise is the squared standardised
-  residual ((y - mean) / sd)^2 of each channel, the part of the negative log likelihood that does not
-  depend on how noisy the sensor is. A score never uses a later row (streaming). The first row of a
-  series has no past: its score is 0.
+Every score is a score of windows, split over the window's rows and channels (each row's own error in
+the window; `contributions` sum to the score). `row_score` says how a row gets its score from the
+windows every `stride` rows (`data.window_scores`):
+- `window`: the mean of the scores of the windows that cover it (a window's score: the mean over its
+  rows), or, with `causal`, of the windows that end at or before it within a window's length;
+- `own`: the mean of its own part in each window that covers it, or, with `causal`, its part in the
+  window that ends at it (never a later row);
+- `value` (how issue 34's detectors scored, and their model folders still read): each value's raw
+  error is averaged over the windows covering it, then scaled (the score does not sum over a window).
+The channels with the largest contributions are a row's top channels. State channels (`state_channels`: every train value 0 or 1, `data.anomaly`) enter as they
+are, are never hidden nor forecast, and are not scored by restoration or forecast.
 
-Each kind of error (masked: the runs and the channel halves; forecast: the surprise) of each channel
-is divided by its 99th percentile on the validation rows (`calibrate`: 1 is a channel's 1-in-100 error
-of that kind on normal rows, whatever its units, noise and tails); the larger kind is the channel's
-contribution, and the score of a row is the mean of its channels' contributions. `calibrate` also sets
-the alarms' threshold at `false_alarm_rate` of the validation rows' scores (`anomaly.alarms`). Values
-enter standardised by the train rows' mean and sd per channel (`set_standardisation`), never per window.
+`MaskedAnomalyDetector` (`model=enc_only_anomaly`), the encoder-only family trained by masked fill-in
+(BERT's cloze task on normal windows: geometric runs of values hidden and, in half of the windows, one
+channel over a block of N/4..N steps), `model.score`:
+- `memory`: the encoder's output tokens of a window, flattened, are its embedding; the embeddings of
+  every window of the normal rows are kept (a greedy k-centre coreset of `memory_size` windows when
+  there are more), with the rows they come from. A window's score is its mean distance to its
+  `n_neighbours` nearest kept windows; a channel's share is its share of the squared difference
+  between the window's values and those of the nearest kept window.
+- `restoration`: every value of a window hidden once in a run of `run_length` steps (`n_masks`
+  interleaved masks) and, with `channel_out`, each scored channel hidden over the first and then the
+  second half of the window; each kind of squared error divided by its `ERROR_QUANTILE` on the
+  validation rows (floored at `ERROR_FLOOR` times the median over the channels: a channel flat in the
+  validation rows is not weighted up without end), the larger kind a value's error; a window's
+  contribution of a channel is the mean of its errors over the window, divided by the scored channels.
+- `hybrid`: the mean over memory and restoration of log(1 + part / its median on the validation
+  rows), a rule fixed in advance; each part's row scores are kept beside it (`Scores.parts`).
 
-The test (after the fit, on the best checkpoint) calibrates on the data's validation rows and logs
-`test/loss`, the training loss on the judged rows' windows (fixed masks), and `test/threshold`.
+`ForecastAnomalyDetector` (`model=dec_only_anomaly`, `model.score=forecast`): the decoder-only family
+with a Gaussian head predicts each step from the `context_len` rows before it alone; a step's surprise
+per channel is its squared standardised residual ((y - mean) / sd)^2, divided by its validation
+quantile as above; a window of `score_window` steps scores the mean of its steps' surprises. The first
+row of a series has no past: its surprise is 0.
+
+Values enter standardised by the train rows' mean and sd (`set_standardisation`), never per window.
+`prepare_scoring(train, val)` (the test's start) builds the memory from the train rows, calibrates on
+the validation rows (the error scales, the hybrid's medians, the threshold at `false_alarm_rate` of
+their scores, `tasks.alarms`), then adds the validation rows' windows to the memory (the
+validation windows' distances were measured to the train rows' windows alone: a window is never its
+own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows, and
+`test/threshold`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
 from tsformer.data.anomaly import check_table, series_rows
+from tsformer.data.window_scores import (
+    causal_rows_of_windows,
+    covering_window_starts,
+    rows_of_window_rows,
+    rows_of_windows,
+)
 from tsformer.nn.masking import draw_mask
+from tsformer.tasks.alarms import EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-# floor of a channel's validation error (squared, in train sd): smaller errors count as none
-MIN_SPREAD = 1e-2
-EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `anomaly.alarms.EventRule`'s defaults
+ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
+EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
+HYBRID_PARTS = ("memory", "restoration")
+# a row's score: its covering windows' scores, its own part in them, or (issue 34's folders) each of its
+# values' raw errors over the covering windows, scaled after
+ROW_SCORES = ("window", "own", "value")
 CHUNK = 256  # windows per network call while scoring
+PROJECTION = 128  # dimensions of the random projection the coreset is chosen in
 
 
 @dataclass
 class Scores:
-    """`score (T,)` per row of the scored table (in its order), `contributions (T, C)` per channel."""
+    """`score (T,)` per row of the scored table (in its order), `contributions (T, C)` per channel
+    (summing to the score), and each part's row score of a hybrid (`parts`, empty otherwise)."""
 
     score: np.ndarray
     contributions: np.ndarray
     channels: list[str]
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def top_channels(self, n: int = 3) -> list[list[str]]:
         """The `n` channels contributing most to each row, largest first."""
@@ -64,25 +93,37 @@ class Scores:
         return [list(names[row]) for row in order]
 
 
-def covering_window_starts(n_rows: int, length: int, stride: int) -> np.ndarray:
-    """Starts of windows every `stride` steps, the last one ending at the last row (every row covered)."""
-    starts = np.arange(0, n_rows - length + 1, stride)
-    if starts[-1] != n_rows - length:
-        starts = np.append(starts, n_rows - length)
-    return starts
+def relative_floor(quantiles: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """Error scales `(K, C)`: each kind's per-channel quantiles, at least `ERROR_FLOOR` times their
+    median over the scored channels (1 where nothing is scored)."""
+    if not scored.any():
+        return np.ones_like(quantiles)
+    floor = ERROR_FLOOR * np.median(quantiles[:, scored], axis=1, keepdims=True)  # (K, 1)
+    return np.maximum(quantiles, np.maximum(floor, 1e-12))
 
 
 class AnomalyScoring:
-    """What both detectors share: standardising, per-channel error scales, the threshold, scoring a table
-    and the test. A detector defines `n_kinds`, `series_errors` and `split_loss`."""
+    """What both detectors share: standardising, state channels, window scores back to rows, the
+    hybrid's combination, the threshold and the test. A detector defines `scores` (the score names it
+    offers), `window_length`, `stride`, `window_parts`, `calibrate_errors` and `split_loss`."""
 
-    n_kinds = 1
+    scores: tuple[str, ...] = ()
+    n_kinds = 1  # kinds of error with their own scale (`error_scale`)
 
     def init_scoring(
-        self, false_alarm_rate: float, events: dict | None, monitor: str, threshold_confidence: float | None
+        self,
+        score: str,
+        false_alarm_rate: float,
+        events: dict | None,
+        monitor: str,
+        threshold_confidence: float | None,
+        state_channels: list[str] | None,
     ) -> None:
-        from tsformer.jobs.anomaly.alarms import EventRule  # the anomaly package imports these tasks
 
+        if score not in self.scores:
+            raise ValueError(f"score={score!r}: {type(self).__name__} scores by one of {list(self.scores)}")
+        if self.hparams.row_score not in ROW_SCORES:
+            raise ValueError(f"row_score={self.hparams.row_score!r}: one of {list(ROW_SCORES)}")
         if monitor != "val/loss":
             raise ValueError(
                 f"monitor={monitor!r}: a detector is checkpointed on val/loss (its training loss)"
@@ -95,81 +136,156 @@ class AnomalyScoring:
             EventRule(**{**EVENT_RULE, **(events or {})})
         except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
             raise ValueError(f"events: {str(err).removeprefix('anomaly.events: ')}") from None
+        unknown = sorted(set(state_channels or []) - set(self.channels))
+        if unknown:
+            raise ValueError(f"state_channels: {unknown} are not channels of the model ({self.channels})")
+        self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
+        if score != "memory" and self.is_state.all():
+            raise ValueError(
+                f"score={score}: every channel is a state channel (0/1 in the train rows), and states are "
+                "not restored nor forecast; score=memory compares whole windows"
+            )
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
         self.register_buffer("error_scale", torch.ones(self.n_kinds, C, dtype=torch.float64))  # (K, C)
+        self.register_buffer("part_median", torch.ones(len(self.parts), dtype=torch.float64))  # hybrid's
         self.register_buffer("threshold", torch.tensor(float("inf"), dtype=torch.float64))
         self.val_scores = np.zeros(0)  # the validation rows' scores: what the threshold is calibrated on
-        self.val_loss = float("nan")  # the training loss on the validation windows at the best weights
 
     @property
     def channels(self) -> list[str]:
         return list(self.target_names)
 
     @property
+    def parts(self) -> tuple[str, ...]:
+        """The scores a row's score is made of (the hybrid's two, else the score itself)."""
+        return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
+
+    @property
     def window(self) -> int:
-        """Rows of one window."""
+        """Rows of one network window (the least a series must hold)."""
         return self.hparams.context_len + self.hparams.horizon
+
+    @property
+    def window_length(self) -> int:
+        """Rows of one scored window."""
+        raise NotImplementedError
+
+    @property
+    def stride(self) -> int:
+        """Rows between the scored windows of a whole table."""
+        raise NotImplementedError
 
     @property
     def event_rule(self) -> dict:
         return {**EVENT_RULE, **(self.hparams.events or {})}
 
+    @property
+    def state_names(self) -> list[str]:
+        return [c for c, state in zip(self.channels, self.is_state, strict=True) if state]
+
     def set_standardisation(self, loc: np.ndarray, scale: np.ndarray) -> None:
-        """The train rows' mean and sd per channel (`AnomalyData.loc`, `.scale`)."""
+        """The train rows' mean and sd per channel (`AnomalyData.loc`, `.scale`: 0 and 1 for states)."""
         self.channel_loc.copy_(torch.as_tensor(np.asarray(loc, dtype=np.float64)))
         self.channel_scale.copy_(torch.as_tensor(np.asarray(scale, dtype=np.float64)))
 
+    def standardised(self, table: pd.DataFrame) -> np.ndarray:
+        """`(T, C)` float32 values of `table`'s channels, standardised by the train rows."""
+        loc, scale = self.channel_loc.cpu().numpy(), self.channel_scale.cpu().numpy()
+        return ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
+
     # -- scoring ----------------------------------------------------------------------------------
 
-    def raw_errors(self, table: pd.DataFrame) -> np.ndarray:
-        """Each row's raw error per kind of error and channel `(K, T, C)`, in the table's row order."""
-        loc, scale = self.channel_loc.cpu().numpy(), self.channel_scale.cpu().numpy()
-        values = ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
-        out = np.zeros((self.n_kinds, len(table), len(self.channels)))
+    def window_parts(self, values: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+        """Each part's contributions `(W, L, C)` of the windows of `L = window_length` rows starting at
+        `starts` of one series' standardised values `(T, C)`, per row of the window and channel: their
+        mean over the window's rows, summed over the channels, is the window's score."""
+        raise NotImplementedError
+
+    def to_rows(self, parts: np.ndarray, starts: np.ndarray, n_rows: int, causal: bool) -> np.ndarray:
+        """Row contributions `(n_rows, C)` of window contributions `(W, L, C)` (`row_score`); with
+        `value`, raw errors `(K, W, L, C)` are first averaged over the covering windows, then scaled."""
+        if self.hparams.row_score == "value" and parts.ndim == 4:
+            raw = np.stack([rows_of_window_rows(kind, starts, n_rows, causal) for kind in parts])  # (K, T, C)
+            return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
+        if self.hparams.row_score in ("own", "value"):
+            return rows_of_window_rows(parts, starts, n_rows, causal)
+        to_rows = causal_rows_of_windows if causal else rows_of_windows
+        return to_rows(parts.mean(axis=1), starts, parts.shape[1], n_rows)
+
+    def row_parts(self, table: pd.DataFrame, causal: bool | None = None) -> dict[str, np.ndarray]:
+        """Each part's row contributions `(T, C)` of `table` (checked), series by series."""
+        causal = bool(self.hparams.causal) if causal is None else causal
+        values, L = self.standardised(table), self.window_length
+        out = {part: np.zeros((len(table), len(self.channels))) for part in self.parts}
         was_training = self.training
         self.eval()
         try:
             with torch.inference_mode():
                 for rows in series_rows(table).values():
-                    out[:, rows] = self.series_errors(values[rows])
+                    starts = covering_window_starts(len(rows), L, 1 if causal else self.stride)
+                    for part, windows in self.window_parts(values[rows], starts).items():
+                        out[part][rows] = self.to_rows(windows, starts, len(rows), causal)
         finally:
             self.train(was_training)
         return out
 
-    def series_errors(self, values: np.ndarray) -> np.ndarray:
-        """`(K, T, C)` raw errors of one series' standardised values `(T, C)`."""
-        raise NotImplementedError
+    def score(self, table: pd.DataFrame, what: str = "table", causal: bool | None = None) -> Scores:
+        """Every row's score and its channels' contributions; a table it cannot score is one line.
+        `causal` (default: `model.causal`): each row from the windows that end at or before it."""
+        check_table(table, self.channels, max(self.window, self.window_length), what)
+        return self.combined(self.row_parts(table, causal))
 
-    def score(self, table: pd.DataFrame, what: str = "table") -> Scores:
-        """Every row's score and its channels' contributions; a table it cannot score is one line."""
-        check_table(table, self.channels, self.window, what)
-        return self.scores_of(self.raw_errors(table))
+    def combined(self, parts: dict[str, np.ndarray]) -> Scores:
+        """`Scores` of the parts' row contributions: one part as it is; the hybrid's parts each as
+        log(1 + part / its validation median), averaged, each part's log split over its channels as the
+        part itself is."""
+        if len(parts) == 1:
+            (contributions,) = parts.values()
+            return Scores(contributions.sum(axis=1), contributions, self.channels)
+        medians = self.part_median.cpu().numpy()
+        total, part_scores = 0.0, {}
+        for (name, contributions), median in zip(parts.items(), medians, strict=True):
+            score = contributions.sum(axis=1)  # (T,)
+            share = contributions / np.where(score > 0, score, 1.0)[:, None]  # (T, C)
+            total = total + np.log1p(score / median)[:, None] * share / len(parts)
+            part_scores[name] = score
+        return Scores(total.sum(axis=1), total, self.channels, part_scores)
 
-    def scores_of(self, raw: np.ndarray) -> Scores:
-        """`Scores` of raw errors `(K, T, C)`: each kind of error in its 1-in-100 validation error, the
-        largest kind a channel's contribution `(T, C)`, their mean the row's score."""
-        contributions = (raw / self.error_scale.cpu().numpy()[:, None, :]).max(axis=0)
-        return Scores(contributions.mean(axis=1), contributions, self.channels)
+    # -- calibration ------------------------------------------------------------------------------
+
+    def prepare_scoring(self, train: pd.DataFrame, val: pd.DataFrame) -> np.ndarray:
+        """What scoring needs from the normal rows once the network is trained: (the memory,) the
+        calibration on `val`; returns the validation rows' scores."""
+        return self.calibrate(val)
+
+    def calibrate_errors(self, val: pd.DataFrame) -> None:
+        """Each scored channel's usual error of each kind (`error_scale`) on the validation rows."""
 
     def calibrate(self, val: pd.DataFrame) -> np.ndarray:
-        """Each channel's usual error (`error_scale`) and the threshold from the held-out normal rows
+        """The error scales, the hybrid's medians and the threshold from the held-out normal rows
         `val`; returns their scores."""
-        from tsformer.jobs.anomaly.alarms import calibrate_threshold
-
-        check_table(val, self.channels, self.window, "validation rows")
-        raw = self.raw_errors(val)  # (K, T_val, C)
-        scale = np.maximum(np.quantile(raw, ERROR_QUANTILE, axis=1), MIN_SPREAD)  # (K, C)
-        self.error_scale.copy_(torch.as_tensor(scale))
-        self.val_scores = self.scores_of(raw).score
+        check_table(val, self.channels, max(self.window, self.window_length), "validation rows")
+        self.calibrate_errors(val)
+        parts = self.row_parts(val)
+        if len(parts) > 1:
+            medians = [np.median(p.sum(axis=1)) for p in parts.values()]
+            self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
+        self.val_scores = self.combined(parts).score
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
         confidence = self.hparams.get("threshold_confidence")
         rate = float(self.hparams.false_alarm_rate)
-        threshold = calibrate_threshold(self.val_scores, rate, confidence=confidence, block=self.window)
-        self.threshold.fill_(threshold)
+        block = min(self.window_length, len(self.val_scores))
+        self.threshold.fill_(calibrate_threshold(self.val_scores, rate, confidence=confidence, block=block))
         return self.val_scores
+
+    def scaled_errors(self, raw: np.ndarray) -> np.ndarray:
+        """Raw errors `(K, ..., C)` in their kinds' validation scales, the larger kind kept `(..., C)`;
+        0 on state channels."""
+        scale = self.error_scale.cpu().numpy().reshape(len(raw), *(1,) * (raw.ndim - 2), -1)
+        return np.where(self.is_state, 0.0, (raw / scale).max(axis=0))
 
     # -- Lightning hooks of the test --------------------------------------------------------------
 
@@ -177,7 +293,8 @@ class AnomalyScoring:
         raise NotImplementedError
 
     def on_test_start(self) -> None:
-        self.calibrate(self.trainer.datamodule.tables["val"])
+        tables = self.trainer.datamodule.tables
+        self.prepare_scoring(tables["train"], tables["val"])
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
@@ -187,18 +304,71 @@ class AnomalyScoring:
         self.log("test/threshold", float(self.threshold))
 
 
+class WindowMemory(torch.nn.Module):
+    """The embeddings of normal windows (`keys (M, D)`), the standardised normal rows they come from
+    (`rows (R, C)`) and each kept window's first row in them (`starts (M,)`); saved with the weights.
+    Its sizes are the detector's `memory_windows` and `memory_rows` (the model folder's hparams), so a
+    folder builds it in its shape before the weights are read."""
+
+    def __init__(self, n_windows: int, n_rows: int, dim: int, n_channels: int):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(n_windows, dim))
+        self.register_buffer("rows", torch.zeros(n_rows, n_channels))
+        self.register_buffer("starts", torch.zeros(n_windows, dtype=torch.long))
+
+    def replace(self, keys: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor) -> None:
+        self.keys, self.rows, self.starts = keys.float(), rows.float(), starts.long()
+
+    def nearest(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean distance to the `k` nearest keys `(Q,)`, index of the nearest `(Q,)`) of `queries (Q, D)`."""
+        squared = (
+            (queries**2).sum(1, keepdim=True) + (self.keys**2).sum(1) - 2 * queries @ self.keys.T
+        )  # (Q, M)
+        distance, index = squared.clamp_min(0).sqrt().topk(min(k, len(self.keys)), dim=1, largest=False)
+        return distance.mean(dim=1), index[:, 0]
+
+    def windows(self, index: torch.Tensor, length: int) -> torch.Tensor:
+        """The kept windows' values `(Q, length, C)` of memory entries `index (Q,)`."""
+        return self.rows[self.starts[index].unsqueeze(1) + torch.arange(length, device=index.device)]
+
+
+def coreset(keys: torch.Tensor, size: int, seed: int = 0) -> torch.Tensor:
+    """Indices of `size` of `keys (M, D)` chosen greedily, each the farthest from those chosen before
+    (k-centre, in a random projection to `PROJECTION` dimensions): the kept windows cover the rest."""
+    generator = torch.Generator().manual_seed(seed)
+    projection = torch.randn(keys.shape[1], PROJECTION, generator=generator) / PROJECTION**0.5
+    points = keys.cpu() @ projection  # (M, P)
+    chosen = [0]
+    distance = ((points - points[0]) ** 2).sum(1)  # (M,): to the nearest chosen
+    for _ in range(size - 1):
+        far = int(distance.argmax())
+        chosen.append(far)
+        distance = torch.minimum(distance, ((points - points[far]) ** 2).sum(1))
+    return torch.tensor(sorted(chosen))
+
+
 class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
-    """The masked method (module docstring): `tasks.masked.MaskedFillIn` with the detector's masks."""
+    """The masked detector (module docstring): `tasks.masked.MaskedFillIn` with the detector's masks, a
+    memory of normal windows on its encoder and the restoration of hidden values."""
 
     method = "masked"
+    scores = ("memory", "restoration", "hybrid")
 
     def __init__(
         self,
         *args,
+        score: str = "restoration",
         channel_out: bool = True,
         n_masks: int = 5,
         run_length: int = 4,
-        stride: int = 8,
+        stride: int = 4,
+        row_score: str = "window",
+        memory_size: int = 4096,
+        n_neighbours: int = 1,
+        memory_windows: int = 0,  # the memory's size once built (set by `prepare_scoring`)
+        memory_rows: int = 0,
+        state_channels: list[str] | None = None,
+        causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
         events: dict | None = None,
@@ -206,22 +376,46 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         **kwargs,  # and `MaskedFillIn`'s
     ):
         super().__init__(*args, **kwargs)
-        for name, value in (("n_masks", n_masks), ("run_length", run_length), ("stride", stride)):
+        settings = {"n_masks": n_masks, "run_length": run_length, "stride": stride, "memory_size": memory_size,
+                    "n_neighbours": n_neighbours}  # fmt: skip
+        for name, value in settings.items():
             if int(value) < 1:
                 raise ValueError(f"{name}={value}: at least 1")
+        if int(stride) > self.hparams.context_len:
+            raise ValueError(
+                f"stride={stride}: at most context_len ({self.hparams.context_len}), or rows go unscored"
+            )
+        if min(int(memory_windows), int(memory_rows)) < 0 or int(memory_windows) > int(memory_size):
+            raise ValueError(f"memory_windows={memory_windows}: between 0 and memory_size ({memory_size})")
         self.n_kinds = 2 if channel_out else 1
-        self.init_scoring(false_alarm_rate, events, monitor, threshold_confidence)
+        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels)
+        dim = self.hparams.context_len * self.hparams.net["d_model"]
+        self.memory = WindowMemory(int(memory_windows), int(memory_rows), dim, self.hparams.d_target)
+
+    @property
+    def window_length(self) -> int:
+        return self.hparams.context_len
+
+    @property
+    def stride(self) -> int:
+        return int(self.hparams.stride)
+
+    # -- training ---------------------------------------------------------------------------------
 
     def hidden_mask(
         self, shape: tuple[int, int, int], generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """A training mask `(B, N, C)`: geometric runs and, in half the windows (with `channel_out`), one
-        channel hidden over a block of N/4..N steps."""
+        scored channel hidden over a block of N/4..N steps; state channels are never hidden."""
         B, N, C = shape
-        hidden = draw_mask(shape, self.masking.config, generator)  # (B, N, C)
+        # with every channel a state (score=memory), they are hidden like measurements: the encoder
+        # still learns from restoring them
+        scored = torch.from_numpy(~self.is_state if (~self.is_state).any() else self.is_state)  # (C,)
+        hidden = draw_mask(shape, self.masking.config, generator) & scored  # (B, N, C)
         if not self.hparams.channel_out:
             return hidden
-        channel = torch.randint(C, (B,), generator=generator)
+        choices = torch.nonzero(scored).flatten()
+        channel = choices[torch.randint(len(choices), (B,), generator=generator)]
         length = torch.randint(N // 4, N + 1, (B,), generator=generator)
         start = (torch.rand(B, generator=generator) * (N - length + 1)).long()
         steps = torch.arange(N).unsqueeze(0)  # (1, N)
@@ -253,56 +447,158 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     def split_loss(self, batch: dict, split: str) -> torch.Tensor:
         return self.masked_loss_of(*self.masked_batch(batch, split))
 
-    def scoring_masks(self) -> list[torch.Tensor]:
-        """The masks `(N, C)` each window is restored under: interleaved runs, then each channel alone."""
+    # -- the windows of a series ------------------------------------------------------------------
+
+    def windows_of(self, values: np.ndarray, starts: np.ndarray) -> torch.Tensor:
+        N = self.hparams.context_len
+        return torch.from_numpy(np.stack([values[a : a + N] for a in starts])).to(self.device)  # (W, N, C)
+
+    def embed(self, windows: torch.Tensor) -> torch.Tensor:
+        """The encoder's output tokens of whole windows `(W, N, C)`, flattened: `(W, N * d_model)`."""
+        out = []
+        for chunk in torch.split(windows, CHUNK):
+            empty = chunk[..., :0]
+            shown = torch.cat([chunk, torch.zeros_like(chunk), empty, empty], -1)  # nothing hidden
+            out.append(self.net.encode(shown).flatten(1))
+        return torch.cat(out)
+
+    def window_parts(self, values: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+        windows = self.windows_of(values, starts)
+        out = {}
+        if "memory" in self.parts:
+            out["memory"] = self.memory_contributions(windows)
+        if "restoration" in self.parts:
+            out["restoration"] = self.restoration_contributions(windows)
+        return out
+
+    # -- memory -----------------------------------------------------------------------------------
+
+    def memory_contributions(self, windows: torch.Tensor) -> np.ndarray:
+        """`(W, N, C)`: each window's distance to its nearest normal windows, split over its rows and
+        channels by their shares of the squared difference to the nearest one (times N: their mean over
+        the rows sums to the distance)."""
+        if len(self.memory.keys) == 0:
+            raise RuntimeError("the detector's memory is empty: prepare_scoring(train, val) builds it")
+        distance, nearest = [], []
+        for chunk in torch.split(self.embed(windows), CHUNK):
+            d, i = self.memory.nearest(chunk, int(self.hparams.n_neighbours))
+            distance.append(d)
+            nearest.append(i)
+        distance, nearest = torch.cat(distance), torch.cat(nearest)
+        W, N, C = windows.shape
+        squared = (windows - self.memory.windows(nearest, N)) ** 2  # (W, N, C)
+        total = squared.sum((1, 2), keepdim=True)
+        share = torch.where(total > 0, squared / total.clamp_min(1e-30), 1.0 / (N * C))
+        return (N * distance.view(W, 1, 1) * share).double().cpu().numpy()
+
+    def build_memory(self, tables: list[pd.DataFrame]) -> None:
+        """The memory of every window (stride 1) of `tables`' series, a coreset of `memory_size` when
+        there are more; its sizes go into the hyperparameters (the model folder)."""
+        N = self.hparams.context_len
+        rows, starts, keys, offset = [], [], [], 0
+        with torch.inference_mode():
+            for table in tables:
+                values = self.standardised(table)
+                for at in series_rows(table).values():
+                    if len(at) < N:
+                        continue
+                    local = np.arange(len(at) - N + 1)
+                    keys.append(self.embed(self.windows_of(values[at], local)))
+                    rows.append(torch.from_numpy(values[at]))
+                    starts.append(torch.from_numpy(local + offset))
+                    offset += len(at)
+        keys, starts = torch.cat(keys), torch.cat(starts)
+        if len(keys) > self.hparams.memory_size:
+            kept = coreset(keys, int(self.hparams.memory_size), seed=0).to(keys.device)
+            keys, starts = keys[kept], starts[kept.cpu()]
+        self.memory.replace(keys.clone(), torch.cat(rows).to(self.device), starts.to(self.device))
+        self.hparams.memory_windows, self.hparams.memory_rows = len(keys), offset
+
+    def prepare_scoring(self, train: pd.DataFrame, val: pd.DataFrame) -> np.ndarray:
+        """The memory of the train rows' windows, the calibration on `val` (their distances to it), then
+        the validation windows added to the memory."""
+        if "memory" in self.parts:
+            self.build_memory([train])
+        val_scores = self.calibrate(val)
+        if "memory" in self.parts:
+            self.build_memory([train, val])
+        return val_scores
+
+    # -- restoration ------------------------------------------------------------------------------
+
+    def scoring_masks(self) -> list[list[torch.Tensor]]:
+        """Per kind of error, the masks `(N, C)` each window is restored under: interleaved runs over the
+        scored channels, then (with `channel_out`) each scored channel's first half and second half."""
         hp = self.hparams
         N, C = hp.context_len, hp.d_target
+        scored = torch.from_numpy(~self.is_state).unsqueeze(0)  # (1, C)
         phase = (torch.arange(N).unsqueeze(1) // hp.run_length + torch.arange(C).unsqueeze(0)) % hp.n_masks
-        masks = [phase == k for k in range(hp.n_masks)]
-        if hp.channel_out:  # each channel's first half, then its second half, restored from the rest
+        kinds = [[(phase == k) & scored for k in range(hp.n_masks)]]
+        if hp.channel_out:
             first = (torch.arange(N) < N // 2).unsqueeze(1)  # (N, 1)
-            for c in range(C):
-                channel = (torch.arange(C) == c).unsqueeze(0)  # (1, C)
-                masks += [first & channel, ~first & channel]
-        return [m.to(self.device) for m in masks]
+            halves = []
+            for c in np.flatnonzero(~self.is_state):
+                channel = (torch.arange(C) == int(c)).unsqueeze(0)  # (1, C)
+                halves += [first & channel, ~first & channel]
+            kinds.append(halves)
+        return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]
 
-    def series_errors(self, values: np.ndarray) -> np.ndarray:
-        hp = self.hparams
-        T, C = values.shape
-        N = hp.context_len
-        starts = covering_window_starts(T, N, hp.stride)
-        windows = torch.from_numpy(np.stack([values[a : a + N] for a in starts])).to(self.device)  # (W, N, C)
-        masks = self.scoring_masks()
-        kinds = [masks[: hp.n_masks], masks[hp.n_masks :]] if hp.channel_out else [masks]
-        total = np.zeros((len(kinds), T, C))
-        for k, kind in enumerate(kinds):  # runs, channels out: each value hidden once per kind and window
-            err = torch.zeros_like(windows)  # (W, N, C)
-            for chunk in torch.split(torch.arange(len(windows), device=self.device), CHUNK):
-                x = windows[chunk]
-                empty = x[..., :0]
-                batch = {"hist_target": x, "hist_known": empty, "hist_observed": empty}
+    def restoration_errors(self, windows: torch.Tensor) -> np.ndarray:
+        """`(K, W, N, C)` squared errors of each value restored while hidden, per kind of mask (0 on
+        state channels, never hidden)."""
+        kinds = self.scoring_masks()
+        err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
+        for chunk in torch.split(torch.arange(len(windows), device=windows.device), CHUNK):
+            x = windows[chunk]
+            empty = x[..., :0]
+            batch = {"hist_target": x, "hist_known": empty, "hist_observed": empty}
+            for k, kind in enumerate(kinds):
                 for mask in kind:
                     hidden = mask.expand_as(x)
-                    restored = self.restore(batch, hidden)  # (b, N, C)
-                    err[chunk] += torch.where(hidden, (restored - x) ** 2, 0.0)
-            err = err.double().cpu().numpy()
-            summed, count = np.zeros((T, C)), np.zeros((T, 1))
-            for w, a in enumerate(starts):  # every window covering a step: the mean
-                summed[a : a + N] += err[w]
-                count[a : a + N] += 1
-            total[k] = summed / count
-        return total  # (K, T, C)
+                    err[k, chunk] += torch.where(hidden, (self.restore(batch, hidden) - x) ** 2, 0.0)
+        return err.double().cpu().numpy()
+
+    def restoration_contributions(self, windows: torch.Tensor) -> np.ndarray:
+        """`(W, N, C)`: each scored value's scaled error, / the scored channels (`row_score=value`: the
+        raw errors `(K, W, N, C)`, scaled once averaged over the covering windows, `to_rows`)."""
+        raw = self.restoration_errors(windows)
+        if self.hparams.row_score == "value":
+            return raw
+        return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
+
+    def calibrate_errors(self, val: pd.DataFrame) -> None:
+        if "restoration" not in self.parts:
+            return
+        raw = []
+        with torch.inference_mode():
+            for at in series_rows(val).values():
+                values = self.standardised(val.iloc[at])
+                starts = covering_window_starts(len(at), self.window_length, self.stride)
+                errors = self.restoration_errors(self.windows_of(values, starts))  # (K, W, N, C)
+                if self.hparams.row_score == "value":  # each value's error over its covering windows
+                    errors = np.stack([rows_of_window_rows(k, starts, len(at)) for k in errors])  # (K, T, C)
+                raw.append(errors.reshape(len(errors), -1, errors.shape[-1]))
+        raw = np.concatenate(raw, axis=1)  # (K, values, C)
+        quantiles = np.quantile(raw, ERROR_QUANTILE, axis=1)  # (K, C)
+        self.error_scale.copy_(torch.as_tensor(relative_floor(quantiles, ~self.is_state)))
 
 
 class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
-    """The forecast method (module docstring): `tasks.forecasting.DecoderOnlyForecaster` with a Gaussian
-    head, one step ahead; its training loss is the family's own (teacher-forced negative log likelihood)."""
+    """The forecast detector (module docstring): `tasks.forecasting.DecoderOnlyForecaster` with a
+    Gaussian head, one step ahead; its training loss is the family's own (teacher-forced negative log
+    likelihood)."""
 
     method = "forecast"
+    scores = ("forecast",)
 
     def __init__(
         self,
         *args,
+        score: str = "forecast",
+        score_window: int = 16,
+        row_score: str = "window",
+        state_channels: list[str] | None = None,
+        causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
         events: dict | None = None,
@@ -321,7 +617,17 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
             raise ValueError(
                 f"horizon={self.hparams.horizon}: the forecast detector predicts one step ahead (1)"
             )
-        self.init_scoring(false_alarm_rate, events, monitor, threshold_confidence)
+        if int(score_window) < 1:
+            raise ValueError(f"score_window={score_window}: at least 1")
+        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels)
+
+    @property
+    def window_length(self) -> int:
+        return int(self.hparams.score_window)
+
+    @property
+    def stride(self) -> int:
+        return 1
 
     def split_loss(self, batch: dict, split: str) -> torch.Tensor:
         return self.loss(batch)
@@ -330,7 +636,9 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         """One-step-ahead Gaussian `(B, L - 1, C, 2)` of steps 1..L-1 of windows `(B, L, C)`."""
         return self.head.params(self.net(values[:, :-1]))
 
-    def series_errors(self, values: np.ndarray) -> np.ndarray:
+    def surprises(self, values: np.ndarray) -> np.ndarray:
+        """`(1, T, C)` surprise of every step of one series' standardised values `(T, C)`, from the
+        rows before it only (0 for the first row)."""
         T, C = values.shape
         L = self.window  # the rows before a step, and it
         x = torch.from_numpy(values).to(self.device)
@@ -344,7 +652,21 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
             windows = torch.stack([x[e - L + 1 : e + 1] for e in chunk])  # (b, L, C)
             params = self.step_params(windows)[:, -1:]  # (b, 1, C, 2): the last step only
             out[chunk] = self.surprise(params, windows[:, -1:])[:, 0]
-        return out[None]  # (1, T, C): one kind of error
+        return out[None]
+
+    def window_parts(self, values: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+        scaled = self.scaled_errors(self.surprises(values)) / max(1, int((~self.is_state).sum()))  # (T, C)
+        return {"forecast": np.lib.stride_tricks.sliding_window_view(scaled, self.window_length, axis=0)[
+            starts].transpose(0, 2, 1)}  # (W, L, C): each window's steps  # fmt: skip
+
+    def calibrate_errors(self, val: pd.DataFrame) -> None:
+        raw = []
+        with torch.inference_mode():
+            for at in series_rows(val).values():
+                raw.append(self.surprises(self.standardised(val.iloc[at])))
+        raw = np.concatenate(raw, axis=1)  # (1, T, C)
+        self.error_scale.copy_(torch.as_tensor(relative_floor(np.quantile(raw, ERROR_QUANTILE, axis=1),
+                                                              ~self.is_state)))  # fmt: skip
 
     @staticmethod
     def surprise(params: torch.Tensor, target: torch.Tensor) -> np.ndarray:

@@ -61,6 +61,11 @@ from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 from tsformer.tasks.static import StaticCovariates
 
 PROB_METRICS = ("crps", "pinball", "coverage_80", "width_80", "crps_orig", "width_80_orig")
+# What a task produces (`produces`, declared by each task class; jobs, exports, figures and predict.py
+# follow it, never the horizon's value):
+FORECASTS = "forecasts"  # the `horizon` rows after each window (model.horizon >= 1)
+RECONSTRUCTIONS = "reconstructions"  # each window's own rows (model.horizon 0)
+CLASSES = "classes"  # a class per sequence (and its probabilities)
 
 
 def valid_steps(batch: dict, part: str) -> torch.Tensor:
@@ -75,6 +80,7 @@ def valid_steps(batch: dict, part: str) -> torch.Tensor:
 class WindowTask(TakesSettings, Optimised, L.LightningModule):
     setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
     family = "base"  # the network's family, for runs and tags (what the run does: its job, `tsformer.jobs`)
+    produces: str  # FORECASTS or RECONSTRUCTIONS, declared by each task class
     learns_around_missing_targets = False  # trains on empty target cells (data.allow_empty_targets)
 
     def __init__(
@@ -98,6 +104,7 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
         # Saved into checkpoints so the task can be rebuilt; logged to MLflow once, by train.py.
         self.save_hyperparameters(logger=False, ignore=["baselines"])
         self.take_settings(settings)
+        self._check_horizon(horizon)
         self._check_options()
         self.head = build_head(head, loss)  # model.head (None: the point head with model.loss)
         self.target_names = list(target_names or [f"target_{i}" for i in range(d_target)])
@@ -151,7 +158,7 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
             # the quantiles kept for the export and the fan chart: the configured ones and the bands
             self.report_levels = sorted(set(self.head.levels) | set(BAND_LEVELS))
             # the spread factor per output step and target variable (calibrate_spread); 1 = as trained
-            out_len = horizon if horizon > 0 else context_len
+            out_len = context_len if self.reconstructs else horizon
             self.register_buffer("spread_scale", torch.ones(out_len, d_target))
             self.spread_calibration: SpreadCalibration | None = None  # fitted before each test
             self.calibration: dict[str, float] = {}  # its figures, logged with the test metrics
@@ -206,9 +213,21 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
 
     @property
     def reconstructs(self) -> bool:
-        """Whether the task rebuilds its window's own rows (horizon 0: reconstruction, masked fill-in)
-        rather than forecasting the rows after them."""
-        return self.hparams.horizon == 0
+        """Whether the task rebuilds its window's own rows (reconstruction, masked fill-in) rather than
+        forecasting the rows after them (`produces`)."""
+        return self.produces == RECONSTRUCTIONS
+
+    def _check_horizon(self, horizon: int) -> None:
+        """The window the task's config gives fits what it produces: a horizon of 0 rows for
+        reconstructions, of 1 or more for forecasts."""
+        fits = horizon == 0 if self.reconstructs else horizon >= 1
+        if not fits:
+            what = (
+                "each window's own rows: model.horizon 0" if self.reconstructs else "model.horizon >= 1 rows"
+            )
+            raise ValueError(
+                f"{type(self).__name__} produces {self.produces} of {what}; got horizon={horizon}"
+            )
 
     def forecast(self, batch: dict) -> torch.Tensor:
         """Prediction `(B, T_out, Dy)` of a batch as it comes from the data, in the data's scaled
@@ -280,7 +299,7 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
             windows.append(batch["window"].cpu())
         needed = torch.cat(needed)  # (W_val, T, Dy), NaN on steps not scored
         # reconstruction has no forecast origin to roll with: the validation windows only
-        window = self.head.calibration_window if self.hparams.horizon > 0 else None
+        window = None if self.reconstructs else self.head.calibration_window
         self.spread_calibration = SpreadCalibration(window, CENTRAL_80_COVERAGE)
         known_at = val_target_times[torch.cat(windows).numpy()]  # (W_val, T)
         scale = self.spread_calibration.fit_validation(needed.numpy(), known_at)

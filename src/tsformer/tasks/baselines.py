@@ -76,7 +76,7 @@ class PerRowRegressor:
         self.description = f"{type(self.estimator).__name__}{per} from each step's covariates to its targets"
 
     def fit(self, train: WindowDataset, features: FeaturePipeline, table: pd.DataFrame) -> None:
-        self.reconstruction = train.horizon == 0
+        self.reconstruction = train.targets_are_window
         rows = train.measured_target_rows()
         inputs = self._inputs_of_rows(train.known, train.observed)[rows].numpy()  # (R, D)
         targets = train.target[rows].numpy()  # (R, Dy)

@@ -51,6 +51,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibratio
 
 from tsformer.data.augment import Augmentation
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
+from tsformer.tasks.base import CLASSES
 from tsformer.tasks.optimisation import Optimisation, Optimised
 from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 
@@ -137,6 +138,7 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
     """`model=enc_only_classifier` (see the module docstring)."""
 
     family = "enc_only_classifier"
+    produces = CLASSES
     input_layout = "channels"  # the scaled channels of each step: masked pre-training reads the same
     setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions))
 

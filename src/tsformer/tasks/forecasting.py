@@ -42,7 +42,7 @@ from tsformer.models import (
     EncoderOnly,
     EncoderOnlyConfig,
 )
-from tsformer.tasks.base import WindowTask, valid_steps
+from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -51,9 +51,9 @@ def history(batch: dict) -> torch.Tensor:
 
 
 class _Forecaster(WindowTask):
+    produces = FORECASTS
+
     def build_net(self, net: dict) -> torch.nn.Module:
-        if self.hparams.horizon < 1:
-            raise ValueError(f"forecasting needs horizon >= 1, got {self.hparams.horizon}")
         return self.build_forecaster(net)
 
     def build_forecaster(self, net: dict) -> torch.nn.Module:

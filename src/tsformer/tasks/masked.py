@@ -29,7 +29,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.masking import MaskConfig, draw_mask, eval_masks, hide, interpolate
-from tsformer.tasks.base import WindowTask, valid_steps
+from tsformer.tasks.base import RECONSTRUCTIONS, WindowTask, valid_steps
 from tsformer.tasks.baselines import fit_baselines
 
 SPLIT_SEED_OFFSET = {"val": 0, "test": 1}  # the validation and the test masks are different draws
@@ -73,6 +73,7 @@ class LinearInterpolation:
 
 class MaskedFillIn(WindowTask):
     family = "enc_only"
+    produces = RECONSTRUCTIONS  # of the hidden values of each window
     learns_around_missing_targets = True  # an empty cell is hidden from the network and never scored
 
     setting_groups = (*WindowTask.setting_groups, ("masking", Masking))
@@ -99,8 +100,6 @@ class MaskedFillIn(WindowTask):
 
     def build_net(self, net: dict) -> EncoderOnly:
         hp = self.hparams
-        if hp.horizon != 0:
-            raise ValueError(f"masked fill-in works on windows without a horizon; got horizon={hp.horizon}")
         d_in = 2 * hp.d_target + self.d_known_in + hp.d_observed  # values, mask, covariates
         return EncoderOnly(
             EncoderOnlyConfig(

@@ -33,6 +33,7 @@ from torchmetrics import MeanMetric
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.masking import draw_mask, eval_masks, interpolate
 from tsformer.nn.patching import Patching, token_features
+from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, LinearInterpolation, Masking
 from tsformer.tasks.optimisation import Optimisation, Optimised
@@ -46,6 +47,7 @@ class MaskedPretraining(TakesSettings, Optimised, L.LightningModule):
 
     setting_groups = (("optimisation", Optimisation), ("input_options", InputOptions), ("masking", Masking))
     takes_settings_of = ClassificationTask  # one model config serves both
+    produces = RECONSTRUCTIONS  # of the hidden values of each sequence
     family = "enc_only_pretrain"
     input_layout = INPUT_LAYOUT
 

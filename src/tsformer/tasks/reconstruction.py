@@ -20,7 +20,7 @@ import logging
 import torch
 
 from tsformer.models import EncoderOnly, EncoderOnlyConfig
-from tsformer.tasks.base import WindowTask, valid_steps
+from tsformer.tasks.base import RECONSTRUCTIONS, WindowTask, valid_steps
 from tsformer.tasks.baselines import PerRowRegressor
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 class ReconstructionTask(WindowTask):
     family = "enc_only"
+    produces = RECONSTRUCTIONS
 
     def build_net(self, net: dict) -> EncoderOnly:
         hp = self.hparams
@@ -35,10 +36,6 @@ class ReconstructionTask(WindowTask):
         if d_in == 0:
             raise ValueError(
                 "state reconstruction needs input columns: set data.known_cols or data.observed_cols"
-            )
-        if hp.horizon != 0:
-            raise ValueError(
-                f"state reconstruction works on windows without a horizon; got horizon={hp.horizon}"
             )
         return EncoderOnly(
             EncoderOnlyConfig(

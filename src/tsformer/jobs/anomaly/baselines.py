@@ -17,6 +17,14 @@ keeps scale 1).
   are the squared errors per channel (they sum to the score).
 - `IsolationForestScore`: scikit-learn's IsolationForest (fixed seed); score = -score_samples.
 - `RandomScore`: uniform noise (seeded), the floor every other score must clear.
+- `WindowMemoryScore` (`window_memory`): state channels (every train value 0 or 1) left as they are, the
+  others z-scored on the train rows; every window of `length` rows of the train rows kept; a window's
+  score is its Euclidean distance to the nearest kept window; a row's, the mean over the windows that
+  cover it. No training; the strongest simple score on MSL (issue 41).
+- `WindowedPCAResidual` (`pca_residual_window`): the PCA residual of each row, its mean over each
+  window of `length` rows, and a row's score the mean over the windows that cover it.
+The row-wise scores take the train rows as one array (or a list of series, joined); the window scores
+take a list of series (windows never cross two) and score one series at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from sklearn.decomposition import PCA
 from sklearn.ensemble import IsolationForest
 from sklearn.preprocessing import StandardScaler
 
+from tsformer.data.anomaly import state_channels
+from tsformer.data.window_scores import covering_window_starts, rows_of_windows
+
 
 @dataclass(frozen=True)
 class BaselineScores:
@@ -36,6 +47,8 @@ class BaselineScores:
 
 
 def _as_rows(x, what: str) -> np.ndarray:
+    if isinstance(x, list | tuple):  # series: their rows, one after the other
+        x = np.concatenate([np.asarray(s, dtype=float) for s in x])
     x = np.asarray(x, dtype=float)
     if x.ndim != 2 or len(x) == 0:
         raise ValueError(f"error: {what} must be a non-empty (rows, channels) array, not {x.shape}")
@@ -135,6 +148,75 @@ class RandomScore:
         return BaselineScores(np.random.default_rng(self.seed).uniform(size=len(x)), None)
 
 
+def _series(train, what: str) -> list[np.ndarray]:
+    """The train rows as a list of series `(T_s, C)` (one array: one series)."""
+    series = list(train) if isinstance(train, list | tuple) else [train]
+    return [_as_rows(s, what) for s in series]
+
+
+def _windows(z: np.ndarray, length: int, starts: np.ndarray) -> np.ndarray:
+    """`(W, length * C)`: the flattened windows of `z (T, C)` starting at `starts`."""
+    return np.lib.stride_tricks.sliding_window_view(z, length, axis=0)[starts].reshape(len(starts), -1)
+
+
+class WindowMemoryScore:
+    name = "window_memory"
+    description = "distance of each window to the nearest train window (0/1 states as they are), row: mean of its windows"
+
+    def __init__(self, length: int = 32, chunk: int = 1024):
+        self.length, self.chunk = length, chunk
+
+    def fit(self, train) -> WindowMemoryScore:
+        series = _series(train, "the train rows")
+        rows = np.concatenate(series)
+        self.states = state_channels(rows)  # (C,)
+        sd = rows.std(axis=0)
+        self.loc = np.where(self.states, 0.0, rows.mean(axis=0))
+        self.scale = np.where(self.states | (sd < 1e-8), 1.0, sd)
+        kept = [s for s in series if len(s) >= self.length]
+        if not kept:
+            raise ValueError(f"error: window_memory: no train series holds a window of {self.length} rows")
+        self.memory = np.concatenate(
+            [
+                _windows((s - self.loc) / self.scale, self.length, np.arange(len(s) - self.length + 1))
+                for s in kept
+            ]
+        )  # (M, length * C)
+        self.memory_sq = (self.memory**2).sum(axis=1)
+        return self
+
+    def score(self, x) -> BaselineScores:
+        x = _as_rows(x, "the scored rows")
+        if x.shape[1] != len(self.loc):
+            raise ValueError(f"error: {self.name} was fitted on {len(self.loc)} channels, given {x.shape[1]}")
+        z = (x - self.loc) / self.scale
+        starts = covering_window_starts(len(z), self.length, 1)
+        nearest = np.empty(len(starts))
+        for a in range(0, len(starts), self.chunk):
+            q = _windows(z, self.length, starts[a : a + self.chunk])
+            squared = (q**2).sum(axis=1, keepdims=True) + self.memory_sq - 2 * q @ self.memory.T  # (Q, M)
+            nearest[a : a + self.chunk] = np.sqrt(np.maximum(squared.min(axis=1), 0.0))
+        return BaselineScores(rows_of_windows(nearest, starts, self.length, len(z)), None)
+
+
+class WindowedPCAResidual(PCAResidual):
+    name = "pca_residual_window"
+    description = "PCA residual, its mean over windows of 32 rows, row: mean of its windows"
+
+    def __init__(self, explained_variance: float = 0.95, length: int = 32):
+        super().__init__(explained_variance)
+        self.length = length
+
+    def _score(self, z: np.ndarray) -> BaselineScores:
+        rows = super()._score(z).contributions  # (T, C)
+        starts = covering_window_starts(len(z), self.length, 1)
+        summed = np.concatenate([np.zeros((1, rows.shape[1])), np.cumsum(rows, axis=0)])
+        windows = (summed[starts + self.length] - summed[starts]) / self.length  # (W, C)
+        contributions = rows_of_windows(windows, starts, self.length, len(z))
+        return BaselineScores(contributions.sum(axis=1), contributions)
+
+
 def baselines(seed: int = 0) -> list:
     """One of each baseline (unfitted), those with randomness seeded with `seed`."""
-    return [HotellingT2(), PCAResidual(), IsolationForestScore(seed=seed), RandomScore(seed=seed)]
+    return [HotellingT2(), PCAResidual(), IsolationForestScore(seed=seed), RandomScore(seed=seed),
+            WindowMemoryScore(), WindowedPCAResidual()]  # fmt: skip

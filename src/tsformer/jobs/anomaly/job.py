@@ -14,17 +14,21 @@ anomalies.csv` judges a new table (its events beside it, `anomalies_events.csv`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.anomaly import AnomalyData, series_rows
+from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
-from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel, evaluate, figures
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
+from tsformer.jobs.anomaly.report import evaluate, figures, report_lines
+from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
@@ -32,17 +36,15 @@ from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetecto
 ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, AnomalyData)
-
-
 def task_sizes(datamodule) -> dict:
-    """The channels are the detector's targets; it takes no covariates."""
+    """The channels are the detector's targets, the states among them read from the train rows; it
+    takes no covariates."""
     return {
         "d_target": len(datamodule.channels),
         "d_known": 0,
         "d_observed": 0,
         "target_names": datamodule.channels,
+        "state_channels": datamodule.state_names,
     }
 
 
@@ -68,28 +70,43 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     if "label" in rows.columns:
         metrics |= {f"test/{k}": v for k, v in evaluate(rows, events).items()}
         compared = baselines(int(cfg.seed))
-        metrics |= beside_baselines(datamodule, rows, compared)
-    example = example_table(datamodule)
+        metrics |= beside_baselines(datamodule, rows, scores, compared)
     return RunOutputs(
-        folder, rows_path, rows, example=example, example_forecasts=model.predict(example, source="example"),
-        optional_inputs=tuple(c for c in [datamodule.label_col] if c in example.columns), metrics=metrics,
-        details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared},
+        folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
+        details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
+                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names)},
     )  # fmt: skip
 
 
 RANKING = ("vus_pr", "vus_roc", "auc_pr", "auc_roc")  # threshold-free: how well the score ranks the rows
 
 
-def beside_baselines(datamodule, rows: pd.DataFrame, compared: list) -> dict[str, float]:
-    """`test/<metric>` of the detector's score and `test/<baseline>_<metric>` of each baseline fitted on
-    the same train rows (`anomaly.baselines`), TSB-AD's metrics per series averaged over the series with
-    both kinds of rows (`test/n_series_evaluated`); it replaces `evaluate`'s pooled AUC-PR."""
+@dataclass(frozen=True)
+class Part:
+    """A part of the hybrid score, shown beside it as the baselines are."""
+
+    name: str
+    description: str
+
+
+def parts_of(scores) -> list[Part]:
+    return [Part(name, f"the hybrid's {name} part alone") for name in scores.parts]
+
+
+def beside_baselines(datamodule, rows: pd.DataFrame, scores, compared: list) -> dict[str, float]:
+    """`test/<metric>` of the detector's score, `test/<part>_<metric>` of each part of a hybrid and
+    `test/<baseline>_<metric>` of each baseline fitted on the same train rows (`anomaly.baselines`:
+    series by series), TSB-AD's metrics per series averaged over the series with both kinds of rows
+    (`test/n_series_evaluated`); it replaces `evaluate`'s pooled AUC-PR."""
     judged, train, channels = datamodule.tables["test"], datamodule.tables["train"], datamodule.channels
-    scores = {"model": rows["score"].to_numpy()}
+    ranked = {"model": rows["score"].to_numpy()} | dict(scores.parts)
+    train_series = [train[channels].to_numpy(dtype=float)[at] for at in series_rows(train).values()]
     for baseline in compared:
-        fitted = baseline.fit(train[channels].to_numpy(dtype=float))
-        scores[baseline.name] = fitted.score(judged[channels].to_numpy(dtype=float)).score
-    figures, evaluated = per_series(scores, rows["label"], judged[channels[0]], rows["series_id"])
+        fitted = baseline.fit(train_series)
+        ranked[baseline.name] = np.zeros(len(judged))
+        for at in series_rows(judged).values():
+            ranked[baseline.name][at] = fitted.score(judged[channels].to_numpy(dtype=float)[at]).score
+    figures, evaluated = per_series(ranked, rows["label"], judged[channels[0]], rows["series_id"])
     out = {"test/n_series_evaluated": float(evaluated)}
     for name, by_metric in figures.items():
         prefix = "test/" if name == "model" else f"test/{name}_"
@@ -108,29 +125,21 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     """The alarms' metrics, the events table and the two figures."""
     for name, value in outputs.metrics.items():
         logger.experiment.log_metric(logger.run_id, name, value)
-    tracking.log_files(logger, [("forecasts", outputs.details["events_path"])])
+    tracking.log_files(logger, [(outputs.logged_under, outputs.details["events_path"])])
     beside_csv = Path(cfg.paths.output_dir)
     for path, figure in figures(outputs.forecasts, outputs.details["scores"]).items():
         tracking.log_figure(logger, figure, path, beside_csv)
 
 
 def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:
-    """Rows judged, alarms and events at the threshold; the alarms' figures against labels; the files."""
-    rows, events = outputs.forecasts, outputs.details["events"]
-    threshold, loss = metrics.get("test/threshold", float("nan")), metrics.get("test/loss", float("nan"))
-    judged = f"anomaly: {len(rows)} rows judged, {int(rows['alarm'].sum())} alarms, {len(events)} events"
-    lines = [
-        f"{judged} (threshold {threshold:.4g}, calibrated on the held-out normal rows)",
-        f"  training loss on the judged rows (test/loss): {loss:.4g}",
-    ]
+    """What the judged rows hold (`report.report_lines`); with labels, how the score ranks them beside
+    its parts and the baselines; the files."""
+    lines = list(outputs.details["report"])
     compared = outputs.details["baselines"]
-    ranking = {f"test/{m}" for m in RANKING} | {f"test/{b.name}_{m}" for b in compared for m in RANKING}
-    shown = sorted(k for k in outputs.metrics if k not in {"test/n_alarms", "test/n_events", *ranking})
-    lines += [f"  {k.removeprefix('test/')}: {outputs.metrics[k]:.4g}" for k in shown]
-    if (
-        compared and outputs.metrics.get("test/n_series_evaluated", 0) > 0
-    ):  # the score's ranking of the judged rows beside the baselines' (labels only evaluate)
-        lines += metric_table(outputs.metrics, list(RANKING), compared, header="per series, mean")
+    if compared and outputs.metrics.get("test/n_series_evaluated", 0) > 0:
+        # the score's ranking of the judged rows beside its parts' and the baselines' (labels only evaluate)
+        beside = parts_of(outputs.details["scores"]) + list(compared)
+        lines += metric_table(outputs.metrics, list(RANKING), beside, header="per series, mean")
     lines += [
         f"rows CSV: {outputs.csv_path.resolve()}",
         f"events CSV: {outputs.details['events_path'].resolve()}",
@@ -138,21 +147,32 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-def predict(model: AnomalyModel, table: pd.DataFrame, args) -> str:
-    """predict.py: `table` judged, its rows written to `args.output` and its events beside them
-    (`<output stem>_events.csv`); what was written, in one line."""
-    rows, events, _ = model.judge(table, str(args.data))
-    path = write_csv(rows, args.output).resolve()
-    events_path = write_csv(events, path.with_name(f"{path.stem}_events.csv"))
-    return f"{len(rows)} rows scored, {int(rows['alarm'].sum())} alarms, {len(events)} events: {path}, {events_path}"
+def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The judged rows of `table`, its times read; its events beside them (`attrs["beside"]`, which
+    predict.py writes to `<output stem>_events.csv`)."""
+    time_col = model.time_col
+    if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
+        table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
+    rows, events, _ = model.judge(table, source)
+    rows.attrs["beside"] = {"events": events}
+    return rows
 
 
-load = AnomalyModel.load  # the inference object predict.py uses
+def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
+    """What predict.py prints: the judged table's events, labelled incidents and alarm rate as the run's
+    summary gives them (`report.report_lines`), and the files written."""
+    events = rows.attrs["beside"]["events"]
+    lines = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    return "\n".join([*lines, *(f"written: {path}" for path in written)])
+
 
 JOB = job_of_module(
     __name__,
+    data_class=AnomalyData,
+    folders=(FOLDER,),
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
+    prediction=Prediction(answer, report),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

@@ -1,11 +1,14 @@
 """A trained anomaly detector with its calibrated threshold and event rule (`AnomalyModel`): how a table
 is judged (per row `series_id, time, score, threshold, alarm, event_id, top_channel_1..3`, and the label
 when the table has one; per event `event_id, series_id, start, end, n_rows, peak_score, peak_time,
-top_channels`), its model folder, its evaluation against labels and its figures.
+top_channels`), and its model folder (what an engineer reads of it, its evaluation and figures: `report.py`).
 
-The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-1`, the detector task's class and
-hyperparameters, the table's columns) and `weights.pt` (the task's state dict: the network, the train
-rows' mean and sd per channel, the channels' usual errors and the threshold). Loading it runs no code.
+The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-3`: `FOLDER`, the detector task's
+class and hyperparameters: its score, how rows are scored, the channels read as states, the memory's
+size; the table's columns) and `weights.pt` (the task's state dict: the network, the train rows' mean and
+sd per channel, the channels' usual errors, the memory of normal windows and the threshold). Loading it
+runs no code. Folders of formats `anomaly-1` and `anomaly-2` (issue 34's detectors, scored value by
+value) read with `row_score: value` and an empty memory: they score as they did.
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
-from tsformer.jobs.anomaly.alarms import EventRule, events_of
-from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
+from tsformer.tasks.alarms import EventRule, events_of
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 
-FORMAT = "anomaly-1"
 N_TOP = 3  # top contributing channels per row and event
 
 
@@ -35,39 +38,9 @@ class AnomalyContract:
     csv: dict = field(default_factory=dict)  # the training CSV's read options
 
 
-@dataclass
-class AnomalyConfig:
-    """An anomaly model's `tsformer.json`: every key written, and required when read."""
-
-    format: str
-    task_class: str  # module.qualname of a detector task (tsformer.tasks.anomaly)
-    hparams: dict
-    data: AnomalyContract
-    info: ModelInfo
-
-
-def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") != FORMAT:
-        raise ModelFolderError(
-            f"{path}: format {config.get('format')!r}, this tsformer reads anomaly model folders of format "
-            f"{FORMAT!r}: {RESTORE}"
-        )
-
-
 def _check_contract(contract: AnomalyContract, hparams: dict, path: Path) -> None:
     if len(hparams.get("target_names") or []) != hparams.get("d_target"):
         raise ModelFolderError(f"{path}: hparams.target_names must name the d_target channels: {RESTORE}")
-
-
-FOLDER = FolderKind(
-    name="anomaly model",
-    schema=AnomalyConfig,
-    tasks=(AnomalyScoring,),
-    header=lambda: {"format": FORMAT},
-    check_header=_check_format,
-    contract_of=lambda data: AnomalyContract(**data),
-    check_contract=_check_contract,
-)
 
 
 @dataclass
@@ -97,14 +70,6 @@ class AnomalyModel:
     def load(cls, folder: str | Path) -> AnomalyModel:
         """The model in `folder`, checked (`model_folder.read`)."""
         return cls.of_task(*model_folder.read(folder, FOLDER))
-
-    def predict(
-        self, table: pd.DataFrame, origin=None, source: str = "table", time_format=None
-    ) -> pd.DataFrame:
-        """The per-row table of `table` (`judge`); `origin` does not apply (every row is judged)."""
-        if origin is not None:
-            raise ValueError(f"origin={origin}: an anomaly model judges every row; give no origin")
-        return self.judge(table, source)[0]
 
     # -- judging a table --------------------------------------------------------------------------
 
@@ -169,79 +134,29 @@ class AnomalyModel:
         return pd.DataFrame(records, columns=columns)
 
 
-# -- evaluation when labels exist ---------------------------------------------------------------------
+def _value_rows(config: dict) -> dict:
+    """An issue-34 folder scored as it was: each value's error over its covering windows, no state."""
+    return {**config, "hparams": {**config["hparams"], "row_score": "value", "state_channels": []}}
 
 
-def labelled_incidents(rows: pd.DataFrame) -> list[np.ndarray]:
-    """Row positions of each labelled incident (a run of label 1 within a series)."""
-    incidents = []
-    for at in series_rows(rows).values():
-        label = rows["label"].to_numpy()[at].astype(bool)
-        padded = np.concatenate([[False], label, [False]])
-        edges = np.flatnonzero(np.diff(padded.astype(int)))
-        incidents += [at[a:b] for a, b in zip(edges[::2], edges[1::2], strict=True)]
-    return incidents
+def _no_memory(state: dict, config: dict) -> dict:
+    """An issue-34 folder's weights with the buffers it did not have: no memory, the hybrid's medians 1."""
+    hp = config["hparams"]
+    added = {"part_median": torch.ones(1, dtype=torch.float64)}
+    if config["task_class"].endswith("MaskedAnomalyDetector"):
+        dim = hp["context_len"] * hp["net"]["d_model"]
+        added |= {"memory.keys": torch.zeros(0, dim), "memory.rows": torch.zeros(0, hp["d_target"]),
+                  "memory.starts": torch.zeros(0, dtype=torch.long)}  # fmt: skip
+    return {**state, **added}
 
 
-def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
-    """Alarm figures against the labels: false alarms per 1,000 normal rows, event recall, AUC-PR."""
-    from sklearn.metrics import average_precision_score
-
-    label = rows["label"].to_numpy().astype(bool)
-    alarm = rows["alarm"].to_numpy().astype(bool)
-    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
-    incidents = labelled_incidents(rows)
-    found = [bool((event[at] >= 0).any()) for at in incidents]
-    false_events = [e for e in range(len(events)) if not label[event == e].any()]
-    metrics = {
-        "normal_alarm_rate": float(alarm[~label].mean()) if (~label).any() else float("nan"),
-        "false_alarms_per_1000": 1000.0 * float(alarm[~label].mean()) if (~label).any() else float("nan"),
-        "event_recall": float(np.mean(found)) if found else float("nan"),
-        "n_incidents": float(len(incidents)),
-        "n_events": float(len(events)),
-        "false_events": float(len(false_events)),
-    }
-    if label.any() and (~label).any():
-        metrics["auc_pr"] = float(average_precision_score(label, rows["score"].to_numpy()))
-    return metrics
-
-
-# -- figures ----------------------------------------------------------------------------------------
-
-
-def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str, object]:
-    """`plots/anomaly_scores.png` (score over time, threshold, event bands, labels) and
-    `plots/anomaly_contributions.png` (channel-by-time heat map of contributions), per series."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = list(series_rows(rows).items())[:max_series]
-    fig_s, axes_s = plt.subplots(len(groups), 1, figsize=(11, 2.4 * len(groups)), squeeze=False)
-    fig_c, axes_c = plt.subplots(len(groups), 1, figsize=(11, 0.5 + 0.35 * len(scores.channels) * len(groups)),
-                                 squeeze=False)  # fmt: skip
-    for (sid, at), ax, axc in zip(groups, axes_s[:, 0], axes_c[:, 0], strict=True):
-        x = np.arange(len(at))
-        ax.plot(x, rows["score"].to_numpy()[at], lw=0.8, label="score")
-        ax.axhline(rows["threshold"].iloc[0], color="k", ls="--", lw=0.8, label="threshold")
-        event = rows["event_id"].to_numpy(dtype=float, na_value=-1)[at]
-        for e in np.unique(event[event >= 0]):
-            inside = np.flatnonzero(event == e)
-            ax.axvspan(inside[0], inside[-1] + 1, color="orange", alpha=0.3, lw=0)
-        if "label" in rows.columns:
-            label = rows["label"].to_numpy()[at]
-            ax.fill_between(x, 0, 1, where=label == 1, transform=ax.get_xaxis_transform(), color="red",
-                            alpha=0.15, lw=0, label="labelled anomaly")  # fmt: skip
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_title(f"series {sid}: score (events orange)", fontsize=9)
-        ax.legend(loc="upper left", fontsize=7)
-        image = axc.imshow(np.log1p(scores.contributions[at].T), aspect="auto", interpolation="nearest",
-                           cmap="magma")  # fmt: skip
-        axc.set_yticks(range(len(scores.channels)), scores.channels, fontsize=7)
-        axc.set_title(f"series {sid}: log(1 + contribution) per channel", fontsize=9)
-        fig_c.colorbar(image, ax=axc)
-    for fig in (fig_s, fig_c):
-        fig.supxlabel("row of the judged table")
-        fig.tight_layout()
-    return {"plots/anomaly_scores.png": fig_s, "plots/anomaly_contributions.png": fig_c}
+FOLDER = FolderKind(
+    name="anomaly",
+    version=3,  # 3: scores from windows, states, the memory (issue 41); 2: the kinds' one header
+    describes="anomaly model",
+    contract=AnomalyContract,
+    tasks=(AnomalyScoring,),
+    load=AnomalyModel.load,
+    check_contract=_check_contract,
+    upgrades={1: Upgrade(), 2: Upgrade(_value_rows, _no_memory)},  # 1 holds what 2 holds
+)

@@ -12,8 +12,8 @@ Which samples, in the job's order (`calibrate`, called after the fit and before 
   that are tested (the best checkpoint's, or the last);
 - no validation sample (`data.val_fraction=0`: the recipe trains on every series): cross-fitting. The
   training series are cut into `model.calibration_folds` K stratified folds; for each, a network of the
-  same config (steps, augmentation; seed + 1 + k) trains on the other K - 1 folds, and its logits of the
-  held-out fold are kept. The out-of-fold logits of every training series fit T, which the network trained
+  run's config (steps, augmentation, init_from; seed + 1 + k: `Fitted.fit_again`) trains on the other
+  K - 1 folds, and its logits of the held-out fold are kept. The out-of-fold logits of every training series fit T, which the network trained
   on all of them then uses: K more fits, each as long as the run's. The channels keep the scaler fitted on
   every training series (the run's), so a fold network reads them as the final one does.
 Test samples never enter: the test split is not read here (tested).
@@ -28,15 +28,12 @@ import logging
 import math
 from dataclasses import dataclass
 
-import lightning as L
 import numpy as np
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig
 from scipy.optimize import minimize_scalar
 
-from tsformer import init_from
 from tsformer.data.sequences import ClassificationData, SampleDataset, pad_batch
+from tsformer.jobs.base import Fitted
 
 log = logging.getLogger(__name__)
 
@@ -125,41 +122,27 @@ class FoldData(ClassificationData):
         pass  # built in __init__
 
 
-def cross_fitted_logits(cfg: DictConfig, datamodule: ClassificationData, folds: int) -> np.ndarray:
+def cross_fitted_logits(datamodule: ClassificationData, folds: int, fitted: Fitted) -> np.ndarray:
     """Out-of-fold logits `(S, C)` of every training sample (module docstring), in sample order."""
-    from tsformer.train import build_task, init_source  # each fold network starts as the run's did
-
-    source = init_source(cfg)  # init_from's model, or None
     train = datamodule.datasets["train"]
-    fold = stratified_folds(train.labels, folds, cfg.seed)
+    fold = stratified_folds(train.labels, folds, fitted.seed)
     logits = np.zeros((len(train), datamodule.n_classes))
     for k in range(folds):
-        L.seed_everything(cfg.seed + 1 + k, workers=True, verbose=False)
-        data = FoldData(datamodule, fold != k)
-        task = build_task(cfg.model, data)
-        if source is not None:
-            loaded = init_from.load_into(task, source)
-            if cfg.get("init_from_freeze"):
-                init_from.freeze(task, loaded["taken"])
-        trainer = instantiate(
-            cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, strategy="auto", devices=1, num_nodes=1,  # one process, as the test
-        )  # fmt: skip
-        trainer.fit(task, datamodule=data)
+        task = fitted.fit_again(FoldData(datamodule, fold != k), fitted.seed + 1 + k)
         held = fold == k
         logits[held] = sample_logits(task, train.subset(held))
         log.info("calibration: fold %d of %d trained on %d series, scored %d", k + 1, folds, int((~held).sum()), int(held.sum()))  # fmt: skip
     return logits
 
 
-def calibrate(cfg: DictConfig, task, datamodule, best_checkpoint: str) -> Calibration:
+def calibrate(task, datamodule, fitted: Fitted) -> Calibration:
     """Fit `task`'s temperature (module docstring), set it on the task and return it. The task holds the
     weights that are tested (the best checkpoint's are loaded first when there is one)."""
     if task.hparams.get("calibration", "temperature") == "none":
         found = NONE
     else:
-        if best_checkpoint:
-            state = torch.load(best_checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+        if fitted.best_checkpoint:
+            state = torch.load(fitted.best_checkpoint, map_location="cpu", weights_only=True)["state_dict"]
             task.load_state_dict(state)
         val = datamodule.datasets["val"]
         if len(val):
@@ -167,7 +150,7 @@ def calibrate(cfg: DictConfig, task, datamodule, best_checkpoint: str) -> Calibr
         else:
             k = int(task.hparams.calibration_folds)
             labels = datamodule.datasets["train"].labels
-            logits, fitted_on = cross_fitted_logits(cfg, datamodule, k), "cross-fitting"
+            logits, fitted_on = cross_fitted_logits(datamodule, k, fitted), "cross-fitting"
         found = Calibration("temperature", fit_temperature(logits, labels), fitted_on, len(labels), k)
         log.info(
             "calibration: temperature %.3f fitted on %d %s samples (log loss %.4f at T = 1, %.4f at T)",

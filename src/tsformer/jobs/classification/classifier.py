@@ -1,11 +1,10 @@
 """A trained sequence classifier as a self-contained folder, and the classes of new sequences.
 
-The folder has the files of a forecasting model folder (`tsformer.jobs.forecasting.forecaster`): `tsformer.json` (the
-task class, its hyperparameters with the class names, the data contract below, the channel scaler
-as plain numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)`
-needs only the installed package (`tsformer.model_folder` reads and checks the folder; `FOLDER` says
-what this kind holds); `predict.py` and the pyfunc model find its job by the task class written in
-`tsformer.json` (`jobs.job_of_folder`). An encoder pre-trained on such sequences
+The folder (`tsformer.model_folder`, format `classifier-3`: `FOLDER`) holds `tsformer.json` (the task
+class, its hyperparameters with the class names, the data contract below, the channel scaler as plain
+numbers, the probabilities' calibration: `calibration.py`) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)` needs only
+the installed package; `predict.py` and the pyfunc model find its job by the task class written in
+`tsformer.json` (`jobs.job_of_folder`); an ensemble's folder is a kind of its own (`ensemble.py`). An encoder pre-trained on such sequences
 (`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
 
 The table is laid out as the training data (`tsformer.data.sequences`):
@@ -14,7 +13,8 @@ The table is laid out as the training data (`tsformer.data.sequences`):
 - a labelled stream: time (and series) column and channels: one row per window of `context_len`
   steps inside each gap-free run of rows, at every step (`window_end_time` is its last step).
 Output columns: `series_id`, [`window_end_time`], `y_true` (the table's label, empty without one),
-`y_pred`, `p_<class>` for every class. A label the model does not know is named in a warning.
+`y_pred`, `p_<class>` for every class (calibrated: softmax(logits / T)); with `explain`, each sample's
+top time ranges (`explain.range_columns`). A label the model does not know is named in a warning.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
 from tsformer.jobs.classification.calibration import NONE, Calibration
 from tsformer.jobs.classification.explain import occlusion, range_columns
-from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, first_line
+from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
 
 log = logging.getLogger(__name__)
 
-FORMAT = "classifier-2"  # classifier-1 (before the calibration) is still read: temperature 1
-OLDER = ("classifier-1",)
 BATCH = 256
 
 
@@ -65,6 +63,15 @@ class SequenceContract:
     csv: dict = field(default_factory=dict)
 
 
+@dataclass
+class ClassifierContract(SequenceContract):
+    """A classifier's folder's `data`: the table's contract, and the temperature its probabilities are
+    divided by (an ensemble's members each have their own; the ensemble's `data` is the shared
+    `SequenceContract`)."""
+
+    calibration: Calibration = field(default_factory=lambda: NONE)
+
+
 def contract_of(datamodule) -> SequenceContract:
     """The data contract of a set-up `SequenceDataModule` or `StreamDataModule`."""
     common = {"channel_cols": list(datamodule.channel_names), "channel_scaler": datamodule.channel_scaler}
@@ -84,45 +91,17 @@ def contract_of(datamodule) -> SequenceContract:
 
 
 def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
-    """Write `task`'s network, `datamodule`'s contract and the task's calibration (none: T = 1) to
-    `folder`, each file atomically."""
-    calibration = asdict(getattr(task, "calibration", NONE))
-    return model_folder.write(
-        folder, FOLDER, task, contract_of(datamodule), info, {"calibration": calibration}
-    )
+    """Write `task`'s network, `datamodule`'s contract and the task's calibration (none fitted: T = 1)
+    to `folder`, each file atomically."""
+    calibration = getattr(task, "calibration", NONE)
+    contract = ClassifierContract(**vars(contract_of(datamodule)), calibration=calibration)
+    return model_folder.write(folder, FOLDER, task, contract, info)
 
 
 # -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
 
 
-@dataclass
-class ClassifierConfig:
-    """A classifier's `tsformer.json`: every key of it and of its parts is written, and required when read."""
-
-    format: str
-    task_class: str  # module.qualname of a tsformer classification (or pre-training) task
-    hparams: dict
-    data: SequenceContract
-    info: ModelInfo
-    calibration: Calibration  # the temperature of its probabilities (`calibration.py`)
-
-
-def _check_format(config: dict, path: Path) -> None:
-    if config.get("format") in OLDER:  # before the calibration: its probabilities are softmax(logits)
-        config.setdefault("calibration", asdict(NONE))
-    if config.get("format") not in (FORMAT, *OLDER):
-        raise ModelFolderError(
-            f"{path}: format {config.get('format')!r}, this tsformer reads classifier folders of format "
-            f"{FORMAT!r} (and {', '.join(OLDER)}): train the model again, or load it with the tsformer "
-            "that wrote it"
-        )
-
-
-def _contract_from_dict(data: dict) -> SequenceContract:
-    return SequenceContract(**{**data, "channel_scaler": Affine(**data["channel_scaler"])})
-
-
-def _contract_problems(c: SequenceContract, hparams: dict):
+def _contract_problems(c: ClassifierContract, hparams: dict):
     """What `predict` would trip over: counts that follow from the channels and classes, ranges."""
     n = len(c.channel_cols)
     if not c.channel_cols or len(set(c.channel_cols)) != n:
@@ -142,6 +121,7 @@ def _contract_problems(c: SequenceContract, hparams: dict):
     if hparams.get("d_in") != n:
         yield f"hparams.d_in is {hparams.get('d_in')!r}, but data makes it {n} (its channel_cols)"
     yield from _layout_problems(c)
+    yield from (f"data.{problem}" for problem in c.calibration.problems())
 
 
 def _layout_problems(c: SequenceContract):
@@ -162,21 +142,18 @@ def _layout_problems(c: SequenceContract):
         yield f"data.layout is {c.layout!r}, expected 'sequences' or 'stream'"
 
 
-def _check_contract(c: SequenceContract, hparams: dict, path: Path) -> None:
+def _check_contract(c: ClassifierContract, hparams: dict, path: Path) -> None:
     problem = next(_contract_problems(c, hparams), None)
     if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
 
 
-FOLDER = FolderKind(
-    name="classifier",
-    schema=ClassifierConfig,
-    tasks=(ClassificationTask, MaskedPretraining),
-    header=lambda: {"format": FORMAT},
-    check_header=_check_format,
-    contract_of=_contract_from_dict,
-    check_contract=_check_contract,
-)
+def not_a_classifier(info: ModelInfo) -> str:
+    """The one line refusing to classify with a pre-trained encoder."""
+    return (
+        f"model of run {info.run_id} is an encoder pre-trained by masked fill-in: it classifies nothing; "
+        "fine-tune a classifier from it: python train.py experiment=... init_from=<its run id>"
+    )
 
 
 class Classifier:
@@ -189,18 +166,10 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        """The model in `folder`, checked (`model_folder.read`); an ensemble's folder (`tsformer.jobs.classification.ensemble`)
-        names its members' folders inside it, whose probabilities it averages."""
-        config, path = model_folder.read_config(folder)
-        if "members" in config:
-            return _ensemble(Path(folder), config["members"], path)
-        task, contract, info = model_folder.read(folder, FOLDER)  # its keys and types checked
-        _check_format(config, path)
-        calibration = Calibration(**config["calibration"])
-        problem = next(calibration.problems(), None)
-        if problem is not None:
-            raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
-        task.temperature, task.calibration = calibration.temperature, calibration
+        """The model in `folder`, checked (`model_folder.read`), its probabilities divided by the
+        temperature the folder keeps."""
+        task, contract, info = model_folder.read(folder, FOLDER)
+        task.temperature, task.calibration = contract.calibration.temperature, contract.calibration
         return cls(task, contract, info)
 
     @property
@@ -220,22 +189,15 @@ class Classifier:
     def predict(
         self,
         table: pd.DataFrame,
-        origin=None,
         source: str = "input table",
         time_format: str | None = None,
         explain: bool = False,
     ) -> pd.DataFrame:
-        """The class and probabilities of every sequence (or stream window) of `table`; `origin` is
-        the forecasters' (refused: a classifier takes every sample), `time_format` a stream's. With
-        `explain`, each sample's top time ranges by occlusion (`explain.range_columns`) too."""
+        """The class and probabilities of every sequence (or stream window) of `table`; `time_format`:
+        a stream's text times (default: the training data's). With `explain`, each sample's top time
+        ranges by occlusion (`explain.range_columns`) too."""
         if not hasattr(self.task, "predict_proba"):
-            raise ValueError(
-                f"model of run {self.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
-                "nothing; fine-tune a classifier from it: python train.py experiment=... "
-                "init_from=<its run id>"
-            )
-        if origin is not None:
-            raise ValueError(f"origin={origin}: a classifier classifies every sample; give no origin")
+            raise ValueError(not_a_classifier(self.info))
         c = self.contract
         if c.layout == "stream":
             info, samples, labels, steps = self._stream_windows(table, source, time_format or c.time_format)
@@ -305,18 +267,21 @@ def probabilities(task, samples: list[np.ndarray], n_classes: int) -> np.ndarray
     return np.concatenate(out) if out else np.zeros((0, n_classes))
 
 
-def _ensemble(folder: Path, members, path: Path) -> Classifier:
-    """The members' classifiers (subfolders of `folder`, each checked as any classifier's folder) as one
-    whose probabilities are their mean; the members read the data alike (checked when it was written)."""
-    from tsformer.jobs.classification.ensemble import MeanOfMembers
+def _uncalibrated(config: dict) -> dict:
+    """A classifier-2 folder as classifier-3: its probabilities were softmax(logits), temperature 1."""
+    return {**config, "data": {**config["data"], "calibration": asdict(NONE)}}
 
-    named = isinstance(members, list) and members
-    if not named or not all(
-        isinstance(m, str) and m not in ("", ".", "..") and Path(m).name == m for m in members
-    ):
-        raise ModelFolderError(f"{path}: 'members' must name the member folders inside {folder}: {RESTORE}")
-    loaded = [Classifier.load(folder / m) for m in members]
-    return Classifier(MeanOfMembers([c.task for c in loaded]), loaded[0].contract, loaded[0].info)
+
+FOLDER = FolderKind(
+    name="classifier",
+    version=3,  # 2: ensembles are a kind of their own; 3: the calibration (data.calibration)
+    describes="classifier",
+    contract=ClassifierContract,
+    tasks=(ClassificationTask, MaskedPretraining),
+    load=Classifier.load,
+    check_contract=_check_contract,
+    upgrades={1: Upgrade(), 2: Upgrade(config=_uncalibrated)},  # 1 holds what 2 holds
+)
 
 
 def classes_frame(info: pd.DataFrame, proba: np.ndarray, classes: list[str], labels=None) -> pd.DataFrame:

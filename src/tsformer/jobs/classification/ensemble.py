@@ -8,10 +8,10 @@ five networks that differ only in their random initialisation. One command train
     python predict.py ens/model sequences.csv --output classes.csv         # like one network
 
 Each member is an ordinary `train.run` of the same overrides with its own seed (its own output folder
-`member_<i>`, its own MLflow run when a logger is configured). The ensemble folder `<output>/model` holds
-the members' model folders (`member_<i>/`) and a `tsformer.json` naming them beside their shared data
-contract; `Classifier.load` (hence `predict.py` and the pyfunc model, which load through it) gives the
-mean of the members' probabilities. The members must read the data the same way: the same contract
+`member_<i>`, its own MLflow run when a logger is configured). The ensemble folder `<output>/model` (a
+kind of its own, format `ensemble-1`: `FOLDER`) holds the members' model folders (`member_<i>/`) and a
+`tsformer.json` naming them beside their shared data contract; it loads (`load_ensemble`, hence
+`predict.py` and the pyfunc model) as a `Classifier` giving the mean of the members' probabilities. The members must read the data the same way: the same contract
 (columns, classes, channel scaler); members trained on different training series (a validation share
 drawn by each seed) are refused when the folder is written. The command prints the members' and the
 ensemble's test accuracy (on the members' test samples, every one).
@@ -29,9 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from tsformer.model_folder import CONFIG_FILE, ModelFolderError
-from tsformer.serving.writers import write_atomically
+from tsformer import model_folder
+from tsformer.jobs.classification.classifier import FOLDER as CLASSIFIER
+from tsformer.jobs.classification.classifier import Classifier, SequenceContract
+from tsformer.model_folder import CONFIG_FILE, FolderKind, ModelFolderError, Upgrade
 from tsformer.settings import SettingError
+from tsformer.tasks.classification import ClassificationTask
 
 MEMBER = "member_{}"
 
@@ -52,9 +55,10 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
     must share one data contract (checked here, not when a user predicts)."""
     folder = Path(folder)
     configs = [json.loads((Path(m) / CONFIG_FILE).read_text()) for m in member_folders]
+    shared = [_shared_contract(c) for c in configs]  # each member keeps its own temperature
     first = configs[0]
-    for path, config in zip(member_folders, configs, strict=True):
-        if config.get("format") != first.get("format") or config.get("data") != first.get("data"):
+    for path, config, data in zip(member_folders, configs, shared, strict=True):
+        if config.get("format") != first.get("format") or data != shared[0]:
             raise ModelFolderError(
                 f"{path}: its data contract differs from {member_folders[0]}'s (columns, classes or channel "
                 "scaler): the members must read the data the same way; train them on the same training "
@@ -66,11 +70,33 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
         names.append(MEMBER.format(i))
         shutil.copytree(member, folder / names[-1])
     # task_class: the job its folder is (`jobs.job_of_folder`), as its members'
-    config = {"format": first["format"], "task_class": first["task_class"], "members": names}
-    config |= {"data": first["data"], "info": first["info"]}
-    # last, and atomically: a folder without it is no model
-    write_atomically(folder / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
-    return folder
+    keys = {"task_class": first["task_class"], "members": names, "data": shared[0], "info": first["info"]}
+    return model_folder.write_config(folder, FOLDER, keys).parent
+
+
+def _shared_contract(config: dict) -> dict:
+    """A member's `data` without its own calibration: what the members must share."""
+    return {k: v for k, v in config.get("data", {}).items() if k != "calibration"}
+
+
+def load_ensemble(folder: str | Path) -> Classifier:
+    """The members' classifiers (subfolders of `folder`, each checked as any classifier's folder) as one
+    whose probabilities are their mean; the members read the data alike (checked when it was written)."""
+    members, _ = model_folder.member_folders(folder, FOLDER)
+    loaded = [Classifier.load(m) for m in members]
+    return Classifier(MeanOfMembers([c.task for c in loaded]), loaded[0].contract, loaded[0].info)
+
+
+FOLDER = FolderKind(
+    name="ensemble",
+    version=1,
+    describes="classifier ensemble",
+    contract=SequenceContract,
+    tasks=(ClassificationTask,),
+    load=load_ensemble,
+    upgrades={0: Upgrade()},  # 0: the header "classifier-1" naming members; the same keys
+    member_kind=CLASSIFIER,
+)
 
 
 def _option(args: list[str], key: str, default: str | None) -> tuple[str | None, list[str]]:

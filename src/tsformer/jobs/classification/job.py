@@ -17,22 +17,34 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.jobs.base import (
+    TIME_FORMAT,
+    Fitted,
+    Param,
+    Prediction,
+    RunOutputs,
+    job_of_module,
+    made_by,
+    metric_table,
+    predict_usage,
+)
 from tsformer.jobs.classification import explain
 from tsformer.jobs.classification.calibration import calibrate
 from tsformer.jobs.classification.classifier import (
+    FOLDER,
     Classifier,
     classes_frame,
     probabilities,
     save_classifier_folder,
 )
+from tsformer.jobs.classification.ensemble import FOLDER as ENSEMBLE
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask, score
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, ClassificationData) and not datamodule.pretraining
+def data_filter(datamodule) -> bool:
+    return not datamodule.pretraining  # pre-training's data: its own job
 
 
 def task_sizes(datamodule) -> dict:
@@ -41,9 +53,9 @@ def task_sizes(datamodule) -> dict:
     return {"d_in": datamodule.d_in, "classes": datamodule.classes, "class_counts": counts.tolist()}
 
 
-def before_test(cfg: DictConfig, task, datamodule, best_checkpoint: str) -> None:
+def finish_task(task, datamodule, fitted: Fitted) -> None:
     """The temperature of the probabilities, fitted without a test sample (`calibration.calibrate`)."""
-    calibrate(cfg, task, datamodule, best_checkpoint)
+    calibrate(task, datamodule, fitted)
 
 
 def test_frame(task, datamodule) -> pd.DataFrame:
@@ -54,7 +66,7 @@ def test_frame(task, datamodule) -> pd.DataFrame:
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
-    """The classes CSV and the model folder, checked by a round trip on a few test samples."""
+    """The classes CSV, the model folder and a few test samples for it."""
     output_dir = Path(cfg.paths.output_dir)
     frame = test_frame(task, datamodule)
     csv_path = write_csv(frame, output_dir / cfg.forecasts_file) if cfg.forecasts_file else None
@@ -62,13 +74,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     folder = save_classifier_folder(output_dir / "model", task, datamodule, info)
-    example = example_table(datamodule)
-    example_classes = Classifier.load(folder).predict(example, source="example from the data")
-    # new sequences come without labels
-    optional = (datamodule.label_col,)
-    return RunOutputs(
-        folder, csv_path, frame, example=example, example_forecasts=example_classes, optional_inputs=optional
-    )
+    return RunOutputs(folder, csv_path, frame, example=example_table(datamodule), logged_under="classes")
 
 
 def example_table(datamodule, n: int = 3) -> pd.DataFrame:
@@ -179,13 +185,25 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
-def predict(model: Classifier, table: pd.DataFrame, args) -> str:
-    """The classes of `table`'s sequences written to `args.output` (with `--explain`, each sample's top
-    time ranges); what was predicted, and how well where the table has its labels."""
-    classes, path, who = predict_csv(model, table, args, explain=bool(getattr(args, "explain", False)))
-    lines = [f"{who}: {len(classes)} samples, classes {model.classes}"]
+EXPLAIN = Param(
+    "explain",
+    "also write each sample's 3 time ranges where other classes' values lower the predicted class's "
+    "log-odds most (range_<i>_start, range_<i>_end, range_<i>_score; occlusion, docs/classification.md)",
+    kind=bool,
+)
+
+
+def answer(model: Classifier, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The class and probabilities of each sequence (or stream window) of `table`; with `explain`, each
+    sample's top time ranges."""
+    return model.predict(table, source=source, time_format=params["time_format"], explain=params["explain"])
+
+
+def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str:
+    """What was predicted, how well where the table has its labels, and the file."""
+    lines = [f"{made_by(model)}: {len(classes)} samples, classes {model.classes}"]
     lines += labelled_scores(classes, model)
-    lines.append(f"classes CSV: {path} ({len(classes)} rows)")
+    lines.append(f"classes CSV: {written[0]} ({len(classes)} rows)")
     return "\n".join(lines)
 
 
@@ -211,18 +229,13 @@ def labelled_scores(frame: pd.DataFrame, model: Classifier) -> list[str]:
     return [f"{line} (majority class {majority['accuracy']:.4f}), log loss {scores['log_loss']:.4f} {beside}"]
 
 
-load = Classifier.load  # the inference object predict.py uses
-EXPLAIN_HELP = (
-    "classification: also write each sample's 3 time ranges where other classes' values lower the "
-    "predicted class's log-odds most (range_<i>_start, range_<i>_end, range_<i>_score; occlusion, "
-    "docs/classification.md)"
-)
-
 JOB = job_of_module(
     __name__,
+    data_class=ClassificationData,
+    folders=(FOLDER, ENSEMBLE),
     name="classification",
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",
+    prediction=Prediction(answer, report, params=(TIME_FORMAT, EXPLAIN)),
     usage=predict_usage("classify new data", "--output", "classes.csv"),
-    predict_options=(("--explain", EXPLAIN_HELP),),
 )

@@ -38,7 +38,10 @@ class SplitView:
     target_times: np.ndarray  # (W, T_out) datetime64: the time of each target step
     target_names: tuple[str, ...]
     context_len: int
-    horizon: int  # 0: reconstruction windows (steps 0..N-1 of the window), else forecasts (steps 1..M)
+    horizon: int
+    # whether each window's targets are its own rows (reconstruction: steps 0..N-1 of the window) rather
+    # than the rows after it (forecasts: steps 1..M); the data's geometry (`data.windows.target_span`)
+    targets_are_window: bool
     freq: pd.DateOffset
     inverse_target: Callable[[np.ndarray], np.ndarray]  # (..., Dy) scaled -> original units
     units: Mapping[str, str] = field(default_factory=dict)  # data.units: a column's unit, where given
@@ -52,6 +55,7 @@ class SplitView:
             target_names=tuple(datamodule.target_names),
             context_len=datamodule.context_len,
             horizon=datamodule.horizon,
+            targets_are_window=datamodule.datasets[split].targets_are_window,
             freq=datamodule.freq,
             inverse_target=datamodule.features.inverse_target,
             units=dict(getattr(datamodule, "units", None) or {}),
@@ -60,7 +64,7 @@ class SplitView:
     @property
     def first_step(self) -> int:
         """How the CSV numbers the first target step: 1 for forecasts, 0 in a reconstructed window."""
-        return 1 if self.horizon > 0 else 0
+        return 0 if self.targets_are_window else 1
 
 
 def forecasts_frame(

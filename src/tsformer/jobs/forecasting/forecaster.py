@@ -20,7 +20,7 @@ The result has the columns of training's forecasts CSV (`export.COLUMNS`, and `q
 `model.head.levels` with a distribution head); `y_true` holds the file's target values at the
 forecast times when there are any (backtesting), else NaN.
 
-Reconstruction models (horizon 0) rebuild the targets of every row from the inputs of its window:
+Reconstruction models (`task.reconstructs`) rebuild the targets of every row from the inputs of its window:
 windows tile each gap-free run of rows; the last one is aligned to the run's end.
 """
 
@@ -50,13 +50,12 @@ from tsformer.model_folder import (  # noqa: F401 (CONFIG_FILE, WEIGHTS_FILE: wh
     FolderKind,
     ModelFolderError,
     ModelInfo,
+    Upgrade,
     first_line,
 )
 from tsformer.tasks.base import WindowTask
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 2  # 2: spread calibration and median-anchored quantile knots (distribution heads)
 
 
 @dataclass(kw_only=True)
@@ -107,32 +106,12 @@ class DataContract(FeaturePipeline):
         return self.schema.columns
 
 
-@dataclass
-class ModelConfig:
-    """`tsformer.json`: every key of it and of its parts is written, and required when read."""
-
-    format_version: int
-    task_class: str  # module.qualname of a tsformer task (a WindowTask subclass)
-    hparams: dict  # the task's constructor arguments
-    data: DataContract
-    info: ModelInfo
-
-
 def save_model_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
     """Write `task`'s network and `datamodule`'s contract to `folder` (see the module docstring)."""
     return model_folder.write(folder, FOLDER, task, DataContract.of(datamodule), info)
 
 
 # -- reading a model folder, checked (`model_folder.read`) ---------------------------------------
-
-
-def _check_version(config: dict, path: Path) -> None:
-    version = config.get("format_version")
-    if isinstance(version, int) and version != FORMAT_VERSION:  # before the keys: another format's
-        raise ModelFolderError(
-            f"{path}: model format {version}, this tsformer reads format {FORMAT_VERSION}: train the model "
-            "again, or load it with the tsformer that wrote it"
-        )
 
 
 def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
@@ -145,17 +124,6 @@ def _check_contract(c: DataContract, hparams: dict, path: Path) -> None:
     problem = next(problems, None)
     if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
-
-
-FOLDER = FolderKind(
-    name="forecasting model",
-    schema=ModelConfig,
-    tasks=(WindowTask,),
-    header=lambda: {"format_version": FORMAT_VERSION},
-    check_header=_check_version,
-    contract_of=DataContract.from_dict,
-    check_contract=_check_contract,
-)
 
 
 def _role_problems(c: DataContract):
@@ -253,13 +221,13 @@ class Forecaster:
         clean = self._validate(table, source, time_format or c.time_format)
         origin = None if origin is None else pd.Timestamp(origin)
         windows = []  # (series id, start row, origin row, stop row) positions in `clean`
-        for sid, rows in _series_positions(clean, c).items():
+        for sid, rows in series_positions(clean, c).items():
             self._check_frequency(clean, sid, rows, source)
             if self.task.reconstructs:
                 windows.extend(self._reconstruction_windows(clean, sid, rows, source))
             else:
                 windows.append(self._forecast_window(clean, sid, rows, origin, source))
-        batch, times = self._batch(clean, windows)
+        batch, times = self.batch(clean, windows)
         levels = self.task.head.levels
         with torch.inference_mode():
             parts = [
@@ -408,7 +376,7 @@ class Forecaster:
                     f"it as {what} ({empty.size} empty cell(s) of '{col}' there)"
                 )
 
-    def _batch(self, clean, windows) -> tuple[dict, np.ndarray]:
+    def batch(self, clean, windows) -> tuple[dict, np.ndarray]:
         """The model's batch dict for the windows (scaled like training), and each window's times."""
         c = self.contract
         n, m = c.context_len, c.horizon
@@ -425,7 +393,7 @@ class Forecaster:
         def part(values: np.ndarray, lo: int, hi: int) -> torch.Tensor:
             return torch.as_tensor(values[idx[:, lo:hi]], dtype=torch.float32)  # (W, hi - lo, D)
 
-        batch = {  # a reconstruction window (m = 0) is all "history"
+        batch = {  # a reconstruction window (no horizon: m = 0) is all "history"
             "hist_target": part(rows.target, 0, n),
             "hist_known": part(rows.known, 0, n),
             "hist_observed": part(rows.observed, 0, n),
@@ -436,7 +404,7 @@ class Forecaster:
             "static_num": torch.as_tensor(rows.static_num[starts]),  # (W, S_num)
             "static_cat": torch.as_tensor(rows.static_cat[starts]),  # (W, S_cat)
         }
-        if m == 0:  # reconstruction reads only the inputs: blank the targets for the same reason
+        if self.task.reconstructs:  # it reads only the inputs: blank the targets for the same reason
             batch["hist_target"] = torch.full_like(batch["hist_target"], float("nan"))
         return batch, times
 
@@ -452,9 +420,8 @@ class Forecaster:
     def _frame(self, clean, windows, times: np.ndarray, pred: np.ndarray) -> pd.DataFrame:
         """Rows as in training's CSV: window -> step -> variable."""
         c = self.contract
-        n, m = c.context_len, c.horizon
         W, T, Dy = pred.shape
-        first = n if m > 0 else 0
+        first = 0 if self.task.reconstructs else c.context_len  # the first target row of a window
         target_rows = np.array([w[1] for w in windows])[:, None] + first + np.arange(T)  # (W, T)
         truth = clean[c.target_cols].to_numpy(np.float64)[target_rows]  # (W, T, Dy), NaN where empty
         truth[clean["_filled"].to_numpy()[target_rows]] = np.nan  # filled in for a gap: not a measurement
@@ -469,7 +436,7 @@ class Forecaster:
                 "series_id": sids[w_idx],
                 "origin_time": clean[c.time_col].to_numpy()[origin_pos][w_idx],
                 "target_time": times[:, first:][w_idx, t_idx],
-                "step": t_idx + (1 if m > 0 else 0),
+                "step": t_idx + (0 if self.task.reconstructs else 1),
                 "variable": np.asarray(c.target_cols, dtype=object)[v_idx],
                 "y_true": truth[w_idx, t_idx, v_idx],
                 "y_pred": pred[w_idx, t_idx, v_idx],
@@ -479,7 +446,19 @@ class Forecaster:
         return frame
 
 
-def _series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
+FOLDER = FolderKind(
+    name="forecaster",
+    version=3,  # 3: the header `format`; 2: spread calibration and median-anchored quantile knots
+    describes="forecasting model",
+    contract=DataContract,
+    tasks=(WindowTask,),
+    load=Forecaster.load,
+    check_contract=_check_contract,
+    upgrades={2: Upgrade()},  # 2 (`format_version: 2`) holds what 3 holds
+)
+
+
+def series_positions(clean: pd.DataFrame, contract: DataContract) -> dict:
     """Series id -> positions of its rows in `clean` (sorted by time)."""
     ids = series_ids(clean, contract.schema)
     order = pd.Series(np.arange(len(clean))).groupby(ids, sort=False)
@@ -490,19 +469,25 @@ def _slice(batch: dict, lo: int, hi: int) -> dict:
     return {k: v[lo:hi] for k, v in batch.items()}
 
 
-def example_table(datamodule) -> pd.DataFrame:
-    """A prediction input as a user would lay it out, cut from the data module's table: the last
-    `context_len + horizon` gap-free rows of the last series, with the future rows' targets and
-    past-only covariates emptied (for reconstruction: one window, its targets emptied)."""
+def example_rows(datamodule) -> pd.DataFrame:
+    """The last `context_len + horizon` gap-free rows of the data module's last series, in the layout
+    of its table (its columns with a role)."""
     schema = datamodule.schema
     n, m = datamodule.context_len, datamodule.horizon
-    columns = schema.columns
     frame = datamodule.frame
     segments = find_segments(frame, schema, fixed_step(datamodule.freq), "example")
     last = segments[segments.stop - segments.start >= n + m].iloc[-1]
-    table = frame.iloc[last.stop - n - m : last.stop][columns].reset_index(drop=True)
-    if m > 0:
-        table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
-    else:
+    return frame.iloc[last.stop - n - m : last.stop][schema.columns].reset_index(drop=True)
+
+
+def example_table(datamodule, reconstructs: bool) -> pd.DataFrame:
+    """A prediction input as a user would lay it out, cut from the data module's table (`example_rows`),
+    with the future rows' targets and past-only covariates emptied (a reconstruction model's,
+    `reconstructs`: one window, its targets emptied)."""
+    schema, n = datamodule.schema, datamodule.context_len
+    table = example_rows(datamodule)
+    if reconstructs:
         table.loc[:, schema.target_cols] = np.nan
+    else:
+        table.loc[table.index >= n, [*schema.target_cols, *schema.observed_cols]] = np.nan
     return table

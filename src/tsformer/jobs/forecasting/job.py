@@ -12,11 +12,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tsformer import tracking
 from tsformer.data.datamodule import TimeSeriesDataModule
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, predict_csv, predict_usage
+from tsformer.data.fetch import simulate_command
+from tsformer.jobs.base import (
+    ORIGIN,
+    TIME_FORMAT,
+    Prediction,
+    RunOutputs,
+    job_of_module,
+    made_by,
+    metric_table,
+    predict_usage,
+)
 from tsformer.jobs.forecasting.export import (
     SplitView,
     forecasts_frame,
@@ -24,7 +34,13 @@ from tsformer.jobs.forecasting.export import (
     paths_frame,
     select_levels,
 )
-from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, example_table, save_model_folder
+from tsformer.jobs.forecasting.forecaster import (
+    FOLDER,
+    Forecaster,
+    ModelInfo,
+    example_table,
+    save_model_folder,
+)
 from tsformer.jobs.forecasting.plots import (
     attention_figure,
     error_by_step_figure,
@@ -38,10 +54,6 @@ from tsformer.tasks.probabilistic import BAND_LEVELS
 
 WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled units), in window order
 DATA = "a forecasting or reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec"
-
-
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, TimeSeriesDataModule)
 
 
 def task_sizes(datamodule) -> dict:
@@ -71,7 +83,7 @@ def prepare_task(task, datamodule) -> None:
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
-    """The forecasts CSV, sampled paths (Parquet) and the model folder, checked by a round trip."""
+    """The forecasts CSV, sampled paths (Parquet), the model folder and a table from the data for it."""
     output_dir = Path(cfg.paths.output_dir)
     tested = task.test_outputs
     forecasts = csv_path = paths_path = None
@@ -89,10 +101,12 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
     model_folder = save_model_folder(output_dir / "model", task, datamodule, info)
-    # a round trip through the saved folder, as predict.py does it: fails the run, not a user later
-    example = example_table(datamodule)
-    example_forecasts = Forecaster.load(model_folder).predict(example, source="example from the data")
-    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example, example_forecasts)
+    example = example_table(datamodule, task.reconstructs)
+    # a new table for it, when it trained on a simulated data set: as many future rows as it forecasts
+    future_steps = 0 if task.reconstructs else datamodule.horizon
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    new_data = simulate_command(data, future_steps, datamodule.context_len + datamodule.horizon)
+    return RunOutputs(model_folder, csv_path, forecasts, paths_path, example, details={"new_data": new_data})
 
 
 def _quantiles(task, levels: list[float]) -> tuple:
@@ -189,28 +203,35 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     )
     if outputs.paths_path is not None:
         lines.append(f"sampled paths: {outputs.paths_path.resolve()}")
+    if outputs.details.get("new_data"):
+        lines.append(f"a new table for it: {outputs.details['new_data']}")
     return lines
 
 
-# -- predict.py -----------------------------------------------------------------------------------
+# -- predict.py, tsformer-serve, the pyfunc model ------------------------------------------------
 
 
-def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
-    """The forecasts of `table` written to `args.output`; what was predicted, in two lines."""
-    forecasts, path, who = predict_csv(model, table, args)
+def answer(model: Forecaster, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The forecasts of `table` (a reconstruction model: its rebuilt targets)."""
+    return model.predict(table, origin=params.get("origin"), source=source, time_format=params["time_format"])
+
+
+def report(model: Forecaster, forecasts: pd.DataFrame, written: list[Path]) -> str:
+    """What was predicted, in two lines."""
     origins = forecasts.groupby("series_id")["origin_time"].max()
     return (
-        f"{who}: {len(origins)} series, {forecasts['step'].max()} steps, origin(s) {origins.min()} .. "
-        f"{origins.max()}\nforecasts CSV: {path} ({len(forecasts)} rows)"
+        f"{made_by(model)}: {len(origins)} series, {forecasts['step'].max()} steps, origin(s) {origins.min()} "
+        f".. {origins.max()}\nforecasts CSV: {written[0]} ({len(forecasts)} rows)"
     )
 
 
-load = Forecaster.load  # the inference object predict.py uses
-
 JOB = job_of_module(
     __name__,
+    data_class=TimeSeriesDataModule,
+    folders=(FOLDER,),
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
     data=DATA,
+    prediction=Prediction(answer, report, params=(ORIGIN, TIME_FORMAT)),
     usage=predict_usage("forecast new data", "--output", "forecasts.csv"),
 )

@@ -198,7 +198,7 @@ def attention_figure(task, view: SplitView, dataset, window: int | None = None):
     maps = {name: weights[0] for name, weights in task.attention_maps(batch).items()}  # (H, Tq, Tk) each
     info = view.windows.iloc[index]
     origin = pd.Timestamp(info.origin_time)
-    when = _window_start(origin, reconstruction=view.horizon == 0)
+    when = _window_start(origin, reconstruction=view.targets_are_window)
     title = f"{task.family}: attention in test window {index} (series {info.series_id}, {when})"
     if task.options.channel_independent:
         title += f"\nthe series of {task.target_names[0]} (channel-independent: one series per target)"
@@ -215,7 +215,7 @@ def _token_times(task, view: SplitView, name: str, shape: tuple[int, int], origi
     future), the encoder-decoder's decoder's the future, the decoder-only's the N+M-1 steps it is fed.
     """
     N, M = view.context_len, view.horizon
-    first = origin - (N - 1) * view.freq if M > 0 else origin  # the window's first step
+    first = origin if view.targets_are_window else origin - (N - 1) * view.freq  # the window's first step
     match = LAYER_NAME.search(name)
     by_count = {N: np.arange(N), N + M: np.arange(N + M), N + M - 1: np.arange(N + M - 1)}
     patch_len = task.hparams.get("patch_len")

@@ -9,7 +9,8 @@ run's end), and an empty cell is filled from the one window that holds it (the f
 reaches it). Windows are independent: what a window holds never changes a fill outside it.
 
 Output: the input table, same rows, same columns, same order, with the model's empty cells filled
-(original units) and one flag column `<col>_imputed` per model column (True where this command
+(original units), its times read as times (predict.py writes them back in the training file's time
+format, with its separator, decimal mark and encoding) and one flag column `<col>_imputed` per model column (True where this command
 filled the cell). Observed cells are never touched. A cell cannot be filled when its run is shorter
 than the window, or its window holds no observed value of the model's columns: it stays empty and its
 row is named (`Imputation.unfilled_rows`).
@@ -17,20 +18,21 @@ row is named (`Imputation.unfilled_rows`).
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
 from tsformer.data.schema import DataValidationError, describe_row, fixed_step
-from tsformer.data.sources import CSV_OPTIONS
-from tsformer.jobs.base import predict_usage
+from tsformer.jobs.base import TIME_FORMAT, Param, Prediction, RunOutputs, predict_usage
 from tsformer.jobs.forecasting import job as forecasting
-from tsformer.jobs.forecasting.forecaster import Forecaster, _series_positions
-from tsformer.serving.writers import write_atomically
+from tsformer.jobs.forecasting.forecaster import Forecaster, example_rows, series_positions
 from tsformer.tasks.masked import MaskedFillIn
+
+log = logging.getLogger(__name__)
 
 FLAG_SUFFIX = "_imputed"
 
@@ -109,6 +111,9 @@ def impute(forecaster: Forecaster, table: pd.DataFrame, source: str = "input tab
             filled[row, cells] = True
     file_rows = clean["file_row"].to_numpy()
     result = _with_fills(table, [originals[col] for col in c.target_cols], file_rows, filled, out_values)
+    times = np.empty(len(table), dtype="datetime64[ns]")
+    times[file_rows] = clean[c.time_col].to_numpy()
+    result[_original_names(table, [c.time_col])[c.time_col]] = times  # read, as the other jobs' answers
     unfilled = sorted(int(file_rows[r]) for r in np.flatnonzero(needs) if not filled[r][empty[r]].all())
     by_file_row = {int(file_rows[r]): why for r, why in reasons.items()}
     return Imputation(result, int(filled.sum()), unfilled, {r: by_file_row[r] for r in unfilled})
@@ -123,7 +128,7 @@ def _filling_windows(clean: pd.DataFrame, c) -> tuple[np.ndarray, dict[int, str]
     times = clean[c.time_col].to_numpy()
     filler = np.full(len(clean), -1, dtype=np.int64)
     reasons: dict[int, str] = {}
-    for rows in _series_positions(clean, c).values():
+    for rows in series_positions(clean, c).values():
         usable = rows[inputs_complete[rows]]
         for row in rows[~inputs_complete[rows]]:
             reasons[row] = "an input column of the model is empty"
@@ -142,7 +147,7 @@ def _restore(forecaster: Forecaster, clean: pd.DataFrame, values: np.ndarray, st
     """The model's values `(W, N, Dy)` (original units) of the windows starting at rows `starts`, their
     empty cells hidden, and whether each window holds an observed value at all `(W,)`."""
     c, n = forecaster.contract, forecaster.contract.context_len
-    batch, _ = forecaster._batch(clean, [(None, s, s, s + n) for s in starts])
+    batch, _ = forecaster.batch(clean, [(None, s, s, s + n) for s in starts])
     idx = starts[:, None] + np.arange(n)  # (W, N) rows of `clean`
     scaled = c.target_scaler.transform(values)  # (rows, Dy), NaN where empty
     batch["hist_target"] = torch.as_tensor(scaled[idx], dtype=torch.float32)  # (W, N, Dy)
@@ -179,36 +184,47 @@ def _slice(batch: dict, lo: int, hi: int) -> dict:
     return {k: v[lo:hi] for k, v in batch.items()}
 
 
-def predict(model: Forecaster, table: pd.DataFrame, args) -> str:
-    """predict.py --impute: the table with the model's empty cells filled and flagged, written to
-    `args.output` with the training file's separator, decimal mark and encoding (or the options')."""
-    result = impute(model, table, source=str(args.data), time_format=args.time_format)
-    given = {option: getattr(args, option) for option in CSV_OPTIONS if getattr(args, option) is not None}
-    write = {k: v for k, v in {**model.contract.csv, **given}.items() if k in CSV_OPTIONS and v is not None}
-    path = write_atomically(args.output, lambda tmp: result.table.to_csv(tmp, index=False, **write))
-    line = result.unfilled_line(str(args.data))
+def write_outputs(cfg, task, datamodule, run_id: str | None) -> RunOutputs:
+    """Forecasting's files; the example table (the pyfunc model's signature) is a window of the data
+    with every third cell of the model's columns emptied: what a fill-in model fills."""
+    outputs = forecasting.write_outputs(cfg, task, datamodule, run_id)
+    example = example_rows(datamodule)
+    targets = datamodule.schema.target_cols
+    example[targets] = example[targets].mask(np.arange(len(example))[:, None] % 3 == np.arange(len(targets)))
+    outputs.example = example
+    outputs.details["new_data"] = None  # a simulated table has no gaps to fill
+    return outputs
+
+
+IMPUTE = Param(
+    "impute",
+    "fill the empty cells of the model's columns (a masked fill-in model, model=enc_only_masked): the "
+    "table with them filled and a flag column <col>_imputed each (docs/imputation.md)",
+    kind=bool,
+    required=True,  # a fill-in model does not pretend to forecast: the user asks for a filled table
+)
+
+
+def answer(model: Forecaster, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
+    """The table with the model's empty cells filled and flagged, its times read; the rows that could
+    not be filled are named in a warning."""
+    result = impute(model, table, source=source, time_format=params["time_format"])
+    line = result.unfilled_line(source)
     if line:
-        print(f"warning: {line}", file=sys.stderr)
-    return f"filled {result.n_filled} empty cell(s) of {model.contract.target_cols}: {path.resolve()}"
+        log.warning(line)
+    return result.table
 
 
-def predict_table(model: Forecaster, table: pd.DataFrame, origin: str | None, source: str) -> pd.DataFrame:
-    """The table with the model's empty cells filled and flagged (`origin` does not apply)."""
-    return impute(model, table, source=source).table
+def report(model: Forecaster, filled: pd.DataFrame, written: list[Path]) -> str:
+    n_filled = int(filled.iloc[:, -len(model.contract.target_cols) :].to_numpy().sum())  # the flag columns
+    return f"filled {n_filled} empty cell(s) of {model.contract.target_cols}: {written[0]}"
 
 
 JOB = replace(
     forecasting.JOB,
     name="imputation",
     tasks=(MaskedFillIn,),
-    predict=predict,
-    predict_table=predict_table,
+    write_outputs=write_outputs,
+    prediction=Prediction(answer, report, params=(IMPUTE, TIME_FORMAT), written_as_read=True),
     usage=predict_usage("fill in missing values", "--impute", "--output", "filled.csv"),
-    predict_flag=(
-        "--impute",
-        (
-            "fill the empty cells of the model's columns (a masked fill-in model, model=enc_only_masked): "
-            "writes DATA with them filled and a flag column <col>_imputed each (docs/imputation.md)"
-        ),
-    ),
 )

@@ -17,15 +17,16 @@ from omegaconf import DictConfig
 from tsformer import tracking
 from tsformer.config import command_line
 from tsformer.data.sequences import ClassificationData
-from tsformer.jobs.base import RunOutputs, job_of_module, metric_table
+from tsformer.jobs.base import RunOutputs, job_of_module, metric_table, refuses
 from tsformer.jobs.classification import job as classification
-from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
+from tsformer.jobs.classification.classifier import FOLDER, not_a_classifier, save_classifier_folder
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.tasks.pretraining import MaskedPretraining
 
 # the pre-training's own settings, which the fine-tuning command leaves out
 PRETRAINING_ONLY = (
     "pretrain=",
+    "trainer.max_steps=",  # the pre-training's budget: no key of the fine-tuning's trainer config
     "model.mask_",
     "model.eval_mask_seed=",
     "model.interpolate_hidden=",
@@ -36,8 +37,8 @@ PRETRAINING_ONLY = (
 task_sizes = classification.task_sizes  # the classifier's, so that its fine-tuning takes the weights
 
 
-def takes_data(datamodule) -> bool:
-    return isinstance(datamodule, ClassificationData) and datamodule.pretraining
+def data_filter(datamodule) -> bool:
+    return datamodule.pretraining
 
 
 def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunOutputs:
@@ -67,23 +68,17 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return metric_table(metrics, ["mse", "mae"], baselines, header="test metric (hidden values)")
 
 
-def predict(model: Classifier, table, args) -> str:
-    raise ValueError(
-        f"model of run {model.info.run_id} is an encoder pre-trained by masked fill-in: it classifies "
-        "nothing; fine-tune a classifier from it: python train.py experiment=... init_from=<its run id>"
-    )
-
-
 def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
     """Nothing beyond the checkpoint and the model folder (`callbacks.MLflowRun.log_outputs`)."""
 
 
-load = Classifier.load  # for init_from; it classifies nothing (`predict`)
-
 JOB = job_of_module(
     __name__,
+    data_class=ClassificationData,
+    folders=(FOLDER,),
     name="pretraining",
     tasks=(MaskedPretraining,),
     data="labelled sequences or streams with a classifier's model config, for pretrain=masked",
+    prediction=refuses(lambda model: not_a_classifier(model.info)),
     usage=lambda ref: f"fine-tune a classifier from it: {fine_tune_command(ref)}",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tsformer.jobs.base import predict_usage
+from tsformer.jobs.base import TIME_FORMAT, predict_usage
 from tsformer.jobs.forecasting import job as forecasting
 from tsformer.tasks.reconstruction import ReconstructionTask
 
@@ -14,5 +14,7 @@ JOB = replace(
     forecasting.JOB,
     name="reconstruction",
     tasks=(ReconstructionTask,),
+    # a reconstruction has no forecast origin: every row is rebuilt from the inputs of its window
+    prediction=replace(forecasting.JOB.prediction, params=(TIME_FORMAT,)),
     usage=predict_usage("reconstruct the targets of new data", "--output", "reconstruction.csv"),
 )

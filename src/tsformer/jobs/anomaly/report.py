@@ -1,0 +1,234 @@
+"""What an engineer reads of a judged table (the run's summary, predict.py, the figures) and its
+evaluation against labels.
+
+- `report_lines`: rows judged, alarms and events at the threshold (what it was calibrated on); the
+  channels read as states; each event (series, start - end time, rows, top sensors, peak over the
+  threshold); with labels, each labelled incident found (an event holds its first row), late (an event
+  overlaps it later: by how many rows and how long after its first row) or
+  missed (its peak score over the threshold), and the normal rows' alarm rate beside its target
+  (`model.false_alarm_rate`).
+- `evaluate`: the same figures as numbers (`test/...` metrics of the run).
+- `figures`: per series, the score over time with the threshold, each event as a band named in the
+  legend (a short one widened to stay visible) and the labelled incidents drawn above the bands; and
+  the channel-by-time map of the contributions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tsformer.data.anomaly import series_rows
+from tsformer.tasks.anomaly import Scores
+
+MAX_LISTED = 20  # events and incidents listed in the summary (all of them are in the CSVs)
+
+
+def labelled_incidents(rows: pd.DataFrame) -> list[np.ndarray]:
+    """Row positions of each labelled incident (a run of label 1 within a series)."""
+    incidents = []
+    for at in series_rows(rows).values():
+        label = rows["label"].to_numpy()[at].astype(bool)
+        padded = np.concatenate([[False], label, [False]])
+        edges = np.flatnonzero(np.diff(padded.astype(int)))
+        incidents += [at[a:b] for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    return incidents
+
+
+def incidents_table(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """Per labelled incident: `series_id, start, end, n_rows, status` (found | late | missed),
+    `delay_rows` and `delay` (from its first row to its first row inside an event), `event_ids`,
+    `top_channels` (of its first event) and `peak_over_threshold` (its largest score / the threshold)."""
+    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
+    times = rows["time"]
+    records = []
+    for at in labelled_incidents(rows):
+        ids = [int(e) for e in dict.fromkeys(event[at][event[at] >= 0])]
+        delay = int(np.flatnonzero(event[at] >= 0)[0]) if ids else 0  # rows before the first in an event
+        first = at[delay]
+        status = "missed" if not ids else ("found" if delay == 0 else "late")
+        records.append(
+            {
+                "series_id": rows["series_id"].iloc[at[0]],
+                "start": times.iloc[at[0]],
+                "end": times.iloc[at[-1]],
+                "n_rows": len(at),
+                "status": status,
+                "delay_rows": delay if ids else None,
+                "delay": _elapsed(times.iloc[at[0]], times.iloc[first]) if ids else None,
+                "event_ids": ";".join(map(str, ids)),
+                "top_channels": events.loc[events["event_id"] == ids[0], "top_channels"].iloc[0]
+                if ids
+                else "",
+                "peak_over_threshold": float(rows["score"].iloc[at].max() / rows["threshold"].iloc[0]),
+            }
+        )
+    columns = ["series_id", "start", "end", "n_rows", "status", "delay_rows", "delay", "event_ids",
+               "top_channels", "peak_over_threshold"]  # fmt: skip
+    table = pd.DataFrame(records, columns=columns)
+    return table.astype({"delay_rows": "Int64"})
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def _elapsed(start, end) -> str:
+    """`end - start` as text: a duration for times, rows otherwise."""
+    try:
+        return str(pd.Timestamp(end) - pd.Timestamp(start))
+    except (TypeError, ValueError):
+        return f"{end - start} rows"
+
+
+def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
+    """Alarm figures against the labels: the normal rows' alarm rate (and per 1,000), the incidents
+    found (event recall), late and their mean delay in rows, false events, AUC-PR."""
+    from sklearn.metrics import average_precision_score
+
+    label = rows["label"].to_numpy().astype(bool)
+    alarm = rows["alarm"].to_numpy().astype(bool)
+    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
+    incidents = incidents_table(rows, events)
+    hit = incidents["status"] != "missed"
+    false_events = [e for e in events["event_id"] if not label[event == e].any()]
+    rate = float(alarm[~label].mean()) if (~label).any() else float("nan")
+    metrics = {
+        "normal_alarm_rate": rate,
+        "false_alarms_per_1000": 1000.0 * rate,
+        "event_recall": float(hit.mean()) if len(incidents) else float("nan"),
+        "n_incidents": float(len(incidents)),
+        "incidents_late": float((incidents["status"] == "late").sum()),
+        "mean_delay_rows": float(incidents.loc[hit, "delay_rows"].mean()) if hit.any() else float("nan"),
+        "n_events": float(len(events)),
+        "false_events": float(len(false_events)),
+    }
+    if label.any() and (~label).any():
+        metrics["auc_pr"] = float(average_precision_score(label, rows["score"].to_numpy()))
+    return metrics
+
+
+def report_lines(
+    rows: pd.DataFrame, events: pd.DataFrame, target_rate: float, states: list[str]
+) -> list[str]:
+    """The lines an engineer reads of a judged table (module docstring)."""
+    threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
+    alarms = int(rows["alarm"].sum())
+    head = f"anomaly: {len(rows)} rows judged, {alarms} alarms in {len(events)} events"
+    lines = [
+        f"{head} (threshold {threshold:.4g}: {target_rate:g} of the held-out normal rows score above it)",
+        "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): "
+        + (", ".join(states) if states else "none"),
+    ]
+    if len(events):
+        lines.append("events (series, start - end, rows, top sensors, peak score / threshold at its time):")
+    for e in events.head(MAX_LISTED).itertuples():
+        lines.append(
+            f"  #{e.event_id} series {e.series_id}: {e.start} - {e.end} ({_rows(e.n_rows)}), "
+            f"{e.top_channels.replace(';', ', ')}; peak {e.peak_score / threshold:.3g}x at {e.peak_time}"
+        )
+    if len(events) > MAX_LISTED:
+        lines.append(f"  ... and {len(events) - MAX_LISTED} more (the events CSV)")
+    if "label" not in rows.columns:
+        rate = alarms / max(1, len(rows))
+        return lines + [
+            f"rows alarmed: {alarms} of {len(rows)} = {rate:.4f} (normal rows' target {target_rate:g})"
+        ]
+    incidents = incidents_table(rows, events)
+    counts = incidents["status"].value_counts()
+    lines.append(
+        f"labelled incidents: {len(incidents)}: {counts.get('found', 0)} found, {counts.get('late', 0)} late, "
+        f"{counts.get('missed', 0)} missed"
+    )
+    for i in incidents.head(MAX_LISTED).itertuples():
+        where = f"  series {i.series_id}: {i.start} - {i.end} ({_rows(i.n_rows)}): {i.status}"
+        if i.status == "missed":
+            lines.append(f"{where} (its peak score {i.peak_over_threshold:.3g}x the threshold)")
+            continue
+        late = f" by {_rows(i.delay_rows)} ({i.delay})" if i.status == "late" else ""
+        top = i.top_channels.replace(";", ", ")
+        lines.append(f"{where}{late}, event #{i.event_ids.replace(';', ', #')}, top sensors {top}")
+    if len(incidents) > MAX_LISTED:
+        lines.append(f"  ... and {len(incidents) - MAX_LISTED} more")
+    normal = rows["label"].to_numpy() == 0
+    n_alarmed = int(rows["alarm"].to_numpy()[normal].sum())
+    rate = n_alarmed / max(1, int(normal.sum()))
+    lines.append(
+        f"normal rows alarmed: {n_alarmed} of {int(normal.sum())} = {rate:.4f} (target {target_rate:g}, "
+        "model.false_alarm_rate)"
+    )
+    return lines
+
+
+# -- figures ----------------------------------------------------------------------------------------
+
+
+def _time_axis(rows: pd.DataFrame, at: np.ndarray):
+    """The rows' times as the x axis (datetimes where they parse), and its label."""
+    times = rows["time"].iloc[at]
+    if pd.api.types.is_numeric_dtype(times):
+        return times.to_numpy(), "time (the table's time column; its row where it has none)"
+    try:
+        return pd.to_datetime(times).to_numpy(), "time"
+    except (TypeError, ValueError):
+        return np.arange(len(at)), "row of the judged series"
+
+
+def _spans(flags: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last) positions of every run of True in `flags`."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(int), [0]])))
+    return [(a, b - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str, object]:
+    """`plots/anomaly_scores.png` (score over time, threshold, events, labelled incidents) and
+    `plots/anomaly_contributions.png` (channel-by-time map of contributions), per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(series_rows(rows).items())[:max_series]
+    fig_s, axes_s = plt.subplots(len(groups), 1, figsize=(11, 3.0 * len(groups)), squeeze=False)
+    fig_c, axes_c = plt.subplots(len(groups), 1, figsize=(11, 0.8 + 0.35 * len(scores.channels) * len(groups)),
+                                 squeeze=False)  # fmt: skip
+    colours = plt.get_cmap("tab10")
+    for (sid, at), ax, axc in zip(groups, axes_s[:, 0], axes_c[:, 0], strict=True):
+        x, xlabel = _time_axis(rows, at)
+        span = (x[-1] - x[0]) if len(x) > 1 else 1
+        least = span / 200  # an event of one row stays visible: at least 0.5 % of the axis wide
+        threshold = float(rows["threshold"].iloc[0])
+        floor = 1e-3 * threshold if threshold > 0 else 1e-6  # a log axis: a score of 0 drawn at its foot
+        ax.plot(x, np.maximum(rows["score"].to_numpy()[at], floor), lw=0.8, color="tab:blue", label="score",
+                zorder=3)  # fmt: skip
+        ax.axhline(threshold, color="k", ls="--", lw=0.8, label="threshold", zorder=4)
+        event = rows["event_id"].to_numpy(dtype=float, na_value=-1)[at]
+        for n, e in enumerate(np.unique(event[event >= 0]).astype(int)):
+            inside = np.flatnonzero(event == e)
+            a, b = x[inside[0]], x[inside[-1]]
+            middle = a + (b - a) / 2
+            half = max((b - a) / 2, least / 2)
+            ax.axvspan(middle - half, middle + half, ymin=0.0, ymax=0.9, color=colours(n % 10), alpha=0.3, lw=0,
+                       label=f"event #{e}" if n < 8 else None, zorder=1)  # fmt: skip
+        if "label" in rows.columns:  # a strip above the event bands, never under them
+            label = rows["label"].to_numpy()[at] == 1
+            for k, (a, b) in enumerate(_spans(label)):
+                middle, half = x[a] + (x[b] - x[a]) / 2, max((x[b] - x[a]) / 2, least / 2)
+                ax.axvspan(middle - half, middle + half, ymin=0.92, ymax=1.0, color="red", lw=0, zorder=5,
+                           label="labelled incident" if k == 0 else None)  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_ylabel("anomaly score")
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"series {sid}", fontsize=9, loc="right")
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, ncol=6, frameon=False)
+        image = axc.imshow(np.log1p(scores.contributions[at].T), aspect="auto", interpolation="nearest",
+                           cmap="magma", extent=(0, len(at), len(scores.channels) - 0.5, -0.5))  # fmt: skip
+        axc.set_yticks(range(len(scores.channels)), scores.channels, fontsize=7)
+        ticks = np.linspace(0, len(at) - 1, 6).astype(int)
+        axc.set_xticks(ticks + 0.5, [str(v)[:16].replace("T", " ") for v in np.asarray(x)[ticks]], fontsize=7)
+        axc.set_xlabel(xlabel)
+        axc.set_title(f"series {sid}: each channel's share of the score, log(1 + contribution)", fontsize=9)
+        fig_c.colorbar(image, ax=axc)
+    for fig in (fig_s, fig_c):
+        fig.tight_layout()
+    return {"plots/anomaly_scores.png": fig_s, "plots/anomaly_contributions.png": fig_c}

@@ -1,0 +1,89 @@
+"""What an engineer reads of a judged table (tsformer.jobs.anomaly.report): events, labelled incidents
+found / late / missed with the delay, the normal rows' alarm rate beside its target, the figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tsformer.jobs.anomaly.report import evaluate, figures, incidents_table, report_lines
+from tsformer.tasks.anomaly import Scores
+
+
+def judged() -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
+    """100 one-minute rows of one series: incidents at 10-19 (an event from row 8: found), 40-59 (its
+    event from row 45: late by 5 rows) and 80-82 (no event: missed); a one-row false event at row 70."""
+    n = 100
+    label = np.zeros(n, dtype=int)
+    label[10:20] = label[40:60] = label[80:83] = 1
+    event = np.full(n, -1)
+    event[8:15], event[45:50], event[70] = 0, 1, 2
+    score = np.where(event >= 0, 5.0, 0.5)
+    score[81] = 0.8
+    rows = pd.DataFrame(
+        {"series_id": "pump", "time": pd.date_range("2024-01-01", periods=n, freq="min"), "score": score,
+         "threshold": 1.0, "alarm": (event >= 0).astype(int),
+         "event_id": pd.array(np.where(event >= 0, event, None), dtype="Int64"), "label": label}
+    )  # fmt: skip
+    events = pd.DataFrame(
+        {"event_id": [0, 1, 2], "series_id": "pump", "start": rows["time"].iloc[[8, 45, 70]].to_numpy(),
+         "end": rows["time"].iloc[[14, 49, 70]].to_numpy(), "n_rows": [7, 5, 1], "peak_score": 5.0,
+         "peak_time": rows["time"].iloc[[8, 45, 70]].to_numpy(), "top_channels": ["flow;pressure", "pressure", "flow"]}
+    )  # fmt: skip
+    contributions = np.c_[score * 0.75, score * 0.25]
+    return rows, events, Scores(score, contributions, ["flow", "pressure"])
+
+
+def test_each_incident_is_found_late_or_missed_with_its_delay():
+    rows, events, _ = judged()
+    table = incidents_table(rows, events)
+    assert table["status"].tolist() == ["found", "late", "missed"]
+    assert table["delay_rows"].tolist()[:2] == [0, 5] and table["delay"].iloc[1] == "0 days 00:05:00"
+    assert table["top_channels"].tolist() == ["flow;pressure", "pressure", ""]
+    assert table["peak_over_threshold"].iloc[2] == 0.8
+    metrics = evaluate(rows, events)
+    assert (
+        metrics["event_recall"] == 2 / 3
+        and metrics["incidents_late"] == 1
+        and metrics["mean_delay_rows"] == 2.5
+    )
+    assert metrics["false_events"] == 1 and metrics["normal_alarm_rate"] == 3 / 67  # rows 8, 9 and 70
+
+
+def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target():
+    rows, events, _ = judged()
+    lines = report_lines(rows, events, 0.001, ["valve"])
+    text = "\n".join(lines)
+    assert lines[0].startswith("anomaly: 100 rows judged, 13 alarms in 3 events (threshold 1:")
+    assert "state channels (0/1 in the train rows" in lines[1] and lines[1].endswith("valve")
+    assert (
+        "  #0 series pump: 2024-01-01 00:08:00 - 2024-01-01 00:14:00 (7 rows), flow, pressure; peak 5x"
+        in text
+    )
+    assert "labelled incidents: 3: 1 found, 1 late, 1 missed" in text
+    assert (
+        "2024-01-01 00:40:00 - 2024-01-01 00:59:00 (20 rows): late by 5 rows (0 days 00:05:00), event #1"
+        in text
+    )
+    assert "(3 rows): missed (its peak score 0.8x the threshold)" in text
+    assert lines[-1] == "normal rows alarmed: 3 of 67 = 0.0448 (target 0.001, model.false_alarm_rate)"
+    assert "loss" not in text
+    unlabelled = report_lines(rows.drop(columns="label"), events, 0.001, [])
+    assert unlabelled[-1] == "rows alarmed: 13 of 100 = 0.1300 (normal rows' target 0.001)"
+
+
+def test_the_figures_put_time_on_x_name_the_events_and_keep_incidents_above_them():
+    rows, _, scores = judged()
+    fig = figures(rows, scores)["plots/anomaly_scores.png"]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "time" and ax.get_ylabel() == "anomaly score"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"score", "threshold", "event #0", "event #1", "event #2", "labelled incident"} <= set(legend)
+    bands = {p.get_label(): p for p in ax.patches}
+    incident, one_row = bands["labelled incident"], bands["event #2"]
+    assert incident.get_zorder() > one_row.get_zorder()  # incidents drawn over the event bands
+    x0, x1 = (one_row.get_x(), one_row.get_x() + one_row.get_width())
+    assert x1 - x0 > 0  # the one-row event keeps a visible width
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

@@ -1,0 +1,92 @@
+"""What a run records of its data in MLflow (`tsformer.data_inputs`): every kind of data module, built
+from the real configs, gives its tables' name, source, whole-table digest, schema and context; logging
+twice records nothing twice (a resumed run: tests/test_resume.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from tsformer.data import simulate_plant
+from tsformer.data_inputs import data_inputs, log_datasets, table_digest
+from tsformer.train import compose_config
+
+
+def inputs_of(overrides: list[str], tmp_path) -> list:
+    cfg = compose_config(overrides, tmp_path / "out")
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    return data_inputs(data, instantiate(cfg.data))
+
+
+def described(found) -> list[tuple]:
+    """(name, source type, source, context) of each input."""
+    return [
+        (i.dataset.name, i.dataset.source_type, json.loads(i.dataset.source), i.tags[0].value) for i in found
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "function"),
+    [
+        ([], "tsformer.data.simulators.simulate_plant"),  # forecasting's default run
+        (["experiment=plant_regime"], "tsformer.data.simulators.simulate_plant_regimes"),  # a stream
+        (["experiment=plant_anomaly"], "tsformer.data.plant_anomaly.simulate_plant_anomaly"),
+    ],
+    ids=["window-data", "classifier-stream", "anomaly-data"],
+)
+def test_a_simulated_table_is_named_by_its_simulator_and_seed(tmp_path, overrides, function):
+    cfg = compose_config(overrides, tmp_path / "out")
+    (found,) = inputs_of(overrides, tmp_path)
+    name, kind, source, context = described([found])[0]
+    assert (name, kind, context) == (cfg.data.name, "code", "training")
+    assert source["tags"]["function"] == function and source["tags"]["seed"] == "0"
+    table = instantiate(cfg.data.source)
+    assert found.dataset.digest == table_digest(table)
+    columns = [c["name"] for c in json.loads(found.dataset.schema)["mlflow_colspec"]]
+    assert columns == list(table.columns)
+    assert json.loads(found.dataset.profile)["num_rows"] == len(table)
+
+
+def test_files_are_named_by_path_and_a_test_file_is_testing(tmp_path):
+    rows = [
+        {"series_id": s, "step": t, "x": float(s + t), "label": f"c{s % 2}"}
+        for s in range(8)
+        for t in range(5)
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "train.csv", index=False)
+    pd.DataFrame(rows[:20]).to_csv(tmp_path / "test.csv", index=False)
+    found = inputs_of(
+        ["data=sequences", f"data.train={tmp_path / 'train.csv'}", f"data.test={tmp_path / 'test.csv'}"],
+        tmp_path,
+    )
+    assert described(found) == [
+        ("train.csv", "local", {"uri": str(tmp_path / "train.csv")}, "training"),
+        ("test.csv", "local", {"uri": str(tmp_path / "test.csv")}, "testing"),
+    ]
+
+
+def test_the_digest_reads_every_row():
+    """MLflow's own digest reads the first 10,000 rows: a change after them must change ours."""
+    table = simulate_plant(n_series=1, n_steps=12_000, freq="1min", seed=0)
+    changed = table.copy()
+    changed.loc[11_000, "dynamic_temperature"] += 0.5
+    assert table_digest(changed) != table_digest(table) == table_digest(table.copy())
+
+
+def test_logging_twice_records_each_table_once(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    logger = SimpleNamespace(experiment=client, run_id=run_id)
+    cfg = compose_config([], tmp_path / "out")
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    datamodule = instantiate(cfg.data)
+    log_datasets(logger, data, datamodule)
+    log_datasets(logger, data, datamodule)  # as a resumed run does
+    (logged,) = client.get_run(run_id).inputs.dataset_inputs
+    assert (logged.dataset.name, logged.tags[0].value) == ("plant", "training")
