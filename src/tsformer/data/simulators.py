@@ -212,9 +212,9 @@ def simulate_plant_regimes(
     factor itself is not a column. Fouling scales the heating, so the regime shows in how far the
     temperature rises above ambient for a given supply voltage. Each series' own heating coefficient
     k / R0 varies too, by more than fouling does: without it, a window cannot tell a high fouling from a
-    strong heater (on a plant not trained on, no classifier beats about 0.49 accuracy, against 0.37 for
-    the majority: benchmarks/RESULTS_classification.md). `rated_gain` (1000 k / R0, the plant's
-    commissioning value, constant per series) is that coefficient, as an engineer knows it."""
+    strong heater on a plant not trained on. `rated_gain` (1000 k / R0, the plant's commissioning value,
+    constant per series) is that coefficient, as an engineer knows it; `data=plant_regime` reads it
+    (benchmarks/RESULTS_classification.md: the plant demo on new plants)."""
     table = simulate_plant(n_series, n_steps, freq, start, seed, with_fouling=True)
     edges = np.linspace(0.9, 1.1, len(REGIMES) + 1)[1:-1]  # (2,): the inner edges of the thirds
     regime = np.asarray(REGIMES)[np.searchsorted(edges, table.pop("fouling").to_numpy())]
