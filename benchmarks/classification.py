@@ -1,5 +1,5 @@
-"""Sequence classification on the UEA/UCR archive's default split (issue 35): ours beside MiniRocket and
-MultiRocket measured in the same run, 3 seeds, every test series.
+"""Sequence classification on the UEA/UCR archive's default split (issues 35, 42): ours beside MiniRocket,
+MultiRocket and MiniRocket with a logistic head measured in the same run, 3 seeds, every test series.
 
     python benchmarks/classification.py --peers-python /tmp/aeon-venv/bin/python --results benchmarks/RESULTS_classification.md
     python benchmarks/classification.py --datasets GunPoint --seeds 0                 # ours only, a quick check
@@ -18,10 +18,15 @@ Peers: with `--peers-python` (a Python with aeon 1.6, which cannot share the pro
 `benchmarks/classification_peers.py` runs in that environment in the same invocation, on the same
 splits and seeds, with the same threads (OMP_NUM_THREADS / NUMBA_NUM_THREADS are passed on).
 
-Times (wall seconds, this machine, shared): ours `fit` is the whole `train.run` (data, fit, test,
-outputs: an upper bound of the fit alone), `predict` is `Classifier.load(model folder).predict(test
-table)` (scaling included); the peers' are their pipeline's `fit` and `predict`. The table gives ours as
-multiples of MiniRocket's (ours / MiniRocket's, mean over seeds).
+Times (wall seconds, this machine, shared): ours `fit` is the whole `train.run` (data, fit, the
+calibration's cross-fitted networks, test, outputs: an upper bound of the fit alone), `predict` is
+`Classifier.load(model folder).predict(test table)` (scaling included); the peers' are their pipeline's
+`fit` and `predict`. The table gives ours as multiples of MiniRocket's (ours / MiniRocket's, mean over
+seeds).
+
+Probabilities (issue 42): our log loss and ECE (15 bins) are those of the calibrated probabilities the
+model folder gives (`uncalibrated`: T = 1, beside), the majority class's are the training class shares,
+MiniRocket-logistic's its logistic head's (classification_peers.py).
 """
 
 from __future__ import annotations
@@ -50,9 +55,11 @@ EXPERIMENTS = {
     "JapaneseVowels": "japanese_vowels", "OSULeaf": "osuleaf", "BasicMotions": "basic_motions",
     "GunPoint": "gun_point", "ItalyPowerDemand": "italy_power_demand", "ACSF1": "acsf1",
 }  # fmt: skip
-# issue 35's targets (mean of 3 seeds); the other sets' target is MiniRocket measured in the same run
-TARGETS = {"OSULeaf": 0.96, "JapaneseVowels": 0.988, "BasicMotions": 1.0}
-PEERS = ("aeon-MiniRocket", "aeon-MultiRocket")
+# issue 42's targets (mean of 3 seeds): MiniRocket measured in the same run, less 0.01; OSULeaf at least
+# this too
+TARGETS = {"OSULeaf": 0.95}
+SLACK = 0.01
+PEERS = ("aeon-MiniRocket", "aeon-MultiRocket", "aeon-MiniRocket-logistic")
 
 
 def quiet_run(overrides: list[str], output_dir: Path):
@@ -80,10 +87,14 @@ def one_run(dataset: str, seed: int, extra: list[str]) -> dict:
         predict_s = time.perf_counter() - start
     accuracy = float((frame.y_pred.astype(str) == frame.y_true.astype(str)).mean())
     assert abs(accuracy - result.metrics["test/accuracy"]) < 1e-6  # the folder is the run's model
+    m = result.metrics
     return {
         "model": "tsformer", "dataset": dataset, "seed": seed, "accuracy": accuracy,
         "fit_s": fit_s, "predict_s": predict_s, "n_test": len(frame),
-        "logistic_accuracy": result.metrics["test/logistic_accuracy"],
+        "logistic_accuracy": m["test/logistic_accuracy"], "log_loss": m["test/log_loss"], "ece": m["test/ece"],
+        "uncalibrated_log_loss": m["test/uncalibrated_log_loss"], "uncalibrated_ece": m["test/uncalibrated_ece"],
+        "temperature": m["calibration/temperature"], "majority_log_loss": m["test/baseline_log_loss"],
+        "majority_ece": m["test/baseline_ece"],
     }  # fmt: skip
 
 
@@ -119,9 +130,9 @@ def table(rows: list[dict]) -> list[str]:
             name: f"{mean(rs, 'accuracy'):.4f}" if rs else "-"
             for name, rs in (("mini", mini), ("multi", multi))
         }
-        target, what = TARGETS.get(dataset), "issue 35"
-        if target is None and mini:
-            target, what = mean(mini, "accuracy"), "MiniRocket"
+        target, what = TARGETS.get(dataset), "issue 42"
+        if mini and (target is None or mean(mini, "accuracy") - SLACK > target):
+            target, what = mean(mini, "accuracy") - SLACK, "MiniRocket - 0.01"
         gap = f"{statistics.fmean(acc) - target:+.4f}" if target is not None else "-"
         goal = f"{target:.4f} ({what})" if target is not None else "-"
         fit = f"{mean(ours, 'fit_s') / mean(mini, 'fit_s'):.0f}x" if mini else "-"
@@ -134,14 +145,41 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def calibration_table(rows: list[dict]) -> list[str]:
+    """Log loss and ECE per data set (means over seeds): ours calibrated and not, the majority class's,
+    MiniRocket-logistic's; the temperatures."""
+    header = (
+        "| data set | tsformer log loss | ECE | uncalibrated log loss | uncalibrated ECE | temperatures "
+        "| majority log loss | majority ECE | MiniRocket-logistic log loss | its ECE | its accuracy |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        ours = [r for r in rows if r["dataset"] == dataset and r["model"] == "tsformer" and "ece" in r]
+        peer = [r for r in rows if r["dataset"] == dataset and r["model"] == "aeon-MiniRocket-logistic"]
+        if not ours:
+            continue
+        temps = ", ".join(f"{r['temperature']:.2f}" for r in ours)
+        theirs = (
+            f"{mean(peer, 'log_loss'):.4f} | {mean(peer, 'ece'):.4f} | {mean(peer, 'accuracy'):.4f}"
+            if peer else "- | - | -"
+        )  # fmt: skip
+        lines.append(
+            f"| {dataset} | {mean(ours, 'log_loss'):.4f} | {mean(ours, 'ece'):.4f} | "
+            f"{mean(ours, 'uncalibrated_log_loss'):.4f} | {mean(ours, 'uncalibrated_ece'):.4f} | {temps} | "
+            f"{mean(ours, 'majority_log_loss'):.4f} | {mean(ours, 'majority_ece'):.4f} | {theirs} |"
+        )
+    return lines
+
+
 def per_seed(rows: list[dict]) -> list[str]:
     lines = [
-        "| model | data set | seed | accuracy | fit s | predict s | test series |",
-        "|---|---|---|---|---|---|---|",
+        "| model | data set | seed | accuracy | log loss | ECE | fit s | predict s | test series |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        probs = f"{r['log_loss']:.4f} | {r['ece']:.4f}" if "ece" in r else "- | -"
         lines.append(
-            f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {r['fit_s']:.2f} | "
+            f"| {r['model']} | {r['dataset']} | {r['seed']} | {r['accuracy']:.4f} | {probs} | {r['fit_s']:.2f} | "
             f"{r['predict_s']:.2f} | {r['n_test']} |"
         )
     return lines
@@ -165,7 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.merge:
         rows = [r for path in args.merge.split(",") for r in json.loads(Path(path).read_text())]
-        lines = [*table(rows), "", "Per seed:", "", *per_seed(rows)]
+        lines = [*table(rows), "", *calibration_table(rows), "", "Per seed:", "", *per_seed(rows)]
         print("\n".join(lines))
         if args.results:
             Path(args.results).write_text("\n".join(lines) + "\n")
@@ -206,7 +244,7 @@ def main() -> None:
     ]
     if args.rows:
         Path(args.rows).write_text(json.dumps(rows))
-    lines = [*header, *table(rows), "", "Per seed:", "", *per_seed(rows)]
+    lines = [*header, *table(rows), "", *calibration_table(rows), "", "Per seed:", "", *per_seed(rows)]
     print("\n".join(["", *lines]))
     if args.results:
         Path(args.results).write_text("\n".join(lines) + "\n")

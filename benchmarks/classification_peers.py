@@ -14,7 +14,14 @@ aeon's `load_from_ts_file`; the archive's default split: fit on TRAIN, score eve
 Models (aeon 1.6, default settings: 10,000 kernels, RidgeClassifierCV over alphas 1e-3..1e3):
 - aeon-MiniRocket: `MiniRocketClassifier(random_state=seed, n_jobs=1)`;
 - aeon-MultiRocket: `MultiRocketClassifier(random_state=seed, n_jobs=1)`;
-- majority-class: the most frequent TRAIN label predicted for every TEST series.
+- aeon-MiniRocket-logistic (issue 42): aeon's `MiniRocket` transform (random_state=seed, n_jobs=1), its
+  features standardised, then scikit-learn's `LogisticRegressionCV` (C over 1e-4..1e2, 7 values, chosen by
+  the log loss of a stratified 5-fold cross-validation on TRAIN, at most as many folds as the rarest class
+  has series): MiniRocket with probabilities, for the log loss and the ECE;
+- majority-class: the most frequent TRAIN label predicted for every TEST series (its probabilities: the
+  TRAIN class shares).
+Rows with probabilities carry `log_loss` and `ece` (expected calibration error of the top class, 15 equal
+bins of confidence, as the project's test/ece).
 
 Unequal lengths (JapaneseVowels, 7-29 steps): neither classifier accepts unequal lengths, so both run in
 aeon's `ClassifierPipeline([Padder(padded_length=P, fill_value=--pad-fill), classifier])`, P the longest
@@ -46,7 +53,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "classification"
 DATASETS = ("BasicMotions", "JapaneseVowels", "OSULeaf", "GunPoint", "ItalyPowerDemand", "ACSF1")
-MODELS = ("aeon-MiniRocket", "aeon-MultiRocket")
+MODELS = ("aeon-MiniRocket", "aeon-MultiRocket", "aeon-MiniRocket-logistic")
+ECE_BINS = 15
 BASELINE = "majority-class"
 
 # (dataset, method) -> (accuracy on the default split, where it is from); from SOURCE.md, not measured here
@@ -74,11 +82,79 @@ def load_split(data_dir: Path, name: str, split: str):
     return load_from_ts_file(str(path))
 
 
+class MiniRocketLogistic:
+    """[Padder ->] MiniRocket features -> standardised -> LogisticRegressionCV (module docstring)."""
+
+    def __init__(self, seed: int, padder=None):
+        self.seed, self.padder = seed, padder
+
+    def _features(self, X, fit: bool):
+        from aeon.transformations.collection.convolution_based import MiniRocket
+
+        if self.padder is not None:
+            X = self.padder.fit_transform(X) if fit else self.padder.transform(X)
+        if fit:
+            self.rocket = MiniRocket(random_state=self.seed, n_jobs=1).fit(X)
+        return self.rocket.transform(X)
+
+    def fit(self, X, y):
+        import numpy as np
+        from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+        from sklearn.model_selection import StratifiedKFold
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        rarest = int(np.unique(y, return_counts=True)[1].min())
+        if rarest < 2:  # the warm-up's one series per class: nothing to cross-validate, C = 1
+            logistic = LogisticRegression(max_iter=2000)
+        else:
+            cv = StratifiedKFold(min(5, rarest), shuffle=True, random_state=self.seed)
+            logistic = LogisticRegressionCV(
+                Cs=np.logspace(-4, 2, 7), cv=cv, scoring="neg_log_loss", max_iter=2000
+            )
+        self.model = make_pipeline(StandardScaler(), logistic).fit(self._features(X, fit=True), y)
+        self.classes_ = self.model.classes_
+        return self
+
+    def predict_proba(self, X):
+        return self.model.predict_proba(self._features(X, fit=False))
+
+    def predict(self, X):
+        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+
+
+def ece(proba, y_true, classes) -> float:
+    """Expected calibration error of the top class: sum over `ECE_BINS` equal bins of confidence of
+    |accuracy - mean confidence| x the bin's share of the samples."""
+    import numpy as np
+
+    confidence = proba.max(axis=1)
+    correct = np.asarray(classes)[proba.argmax(axis=1)] == y_true
+    which = np.clip(np.ceil(confidence * ECE_BINS).astype(int) - 1, 0, ECE_BINS - 1)
+    total = 0.0
+    for b in np.unique(which):
+        inside = which == b
+        total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
+    return float(total)
+
+
+def log_loss(proba, y_true, classes) -> float:
+    import numpy as np
+
+    index = {c: i for i, c in enumerate(classes)}
+    p = proba[np.arange(len(y_true)), [index[y] for y in y_true]]
+    return float(-np.log(np.clip(p, 1e-15, None)).mean())
+
+
 def make_model(model: str, seed: int, padded_length: int | None, pad_fill: str | float):
     """The aeon estimator for `model`; behind a Padder when the set has unequal lengths."""
     from aeon.classification.compose import ClassifierPipeline
     from aeon.classification.convolution_based import MiniRocketClassifier, MultiRocketClassifier
     from aeon.transformations.collection.unequal_length import Padder
+
+    if model == "aeon-MiniRocket-logistic":
+        padder = None if padded_length is None else Padder(padded_length=padded_length, fill_value=pad_fill)
+        return MiniRocketLogistic(seed, padder)
 
     classes = {"aeon-MiniRocket": MiniRocketClassifier, "aeon-MultiRocket": MultiRocketClassifier}
     classifier = classes[model](random_state=seed, n_jobs=1)
@@ -109,6 +185,7 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
     # "majority" is its first label in sorted order
     labels, counts = np.unique(y_train, return_counts=True)
     majority = labels[np.argmax(counts)]
+    shares = np.tile(counts / counts.sum(), (len(y_test), 1))  # (S, C): the TRAIN class shares
     rows.append(
         {
             "model": BASELINE,
@@ -118,6 +195,8 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
             "fit_s": 0.0,
             "predict_s": 0.0,
             "n_test": len(y_test),
+            "log_loss": log_loss(shares, y_test, labels),
+            "ece": ece(shares, y_test, labels),
         }
     )
 
@@ -130,7 +209,8 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
             estimator.fit(X_train, y_train)
             fit_s = time.perf_counter() - start
             start = time.perf_counter()
-            y_pred = estimator.predict(X_test)
+            proba = estimator.predict_proba(X_test) if hasattr(estimator, "predict_proba") else None
+            y_pred = estimator.predict(X_test) if proba is None else estimator.classes_[proba.argmax(axis=1)]
             predict_s = time.perf_counter() - start
             assert len(y_pred) == len(y_test)  # every test series is scored
             row = {
@@ -142,6 +222,11 @@ def run_dataset(data_dir: Path, name: str, models, seeds, pad_fill) -> tuple[lis
                 "predict_s": predict_s,
                 "n_test": len(y_test),
             }
+            if model == "aeon-MiniRocket-logistic":  # the ridge's "probabilities" are no probabilities
+                row |= {
+                    "log_loss": log_loss(proba, y_test, estimator.classes_),
+                    "ece": ece(proba, y_test, estimator.classes_),
+                }
             print(
                 f"  {model} {name} seed {seed}: accuracy {row['accuracy']:.4f}, fit {fit_s:.1f} s", flush=True
             )

@@ -4,6 +4,7 @@ the model folder and predict.py, the config dispatch; a train.py run (slow) and 
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -177,6 +178,20 @@ def test_stream_windows_are_labelled_by_their_last_step_and_an_unseen_class_is_n
     table.loc[n - 5 :, "phase"] = "fault"  # only in the test period
     with pytest.raises(DataValidationError, match=r"test window ending .* has label 'fault'"):
         StreamDataModule(table, channel_cols=["a", "b"], label_col="phase", context_len=10).setup()
+
+
+def test_a_streams_logs_name_its_own_columns_only(caplog):
+    """The label travels through the windows as a code: no log line names it, or the label column as
+    a column without a role (a user's other unused column is still named, once)."""
+    n = 200
+    times = pd.date_range("2024-01-01", periods=n, freq="min")
+    phase = np.where(np.arange(n) % 50 < 25, "idle", "run")
+    table = pd.DataFrame({"time": times, "a": np.sin(np.arange(n)), "phase": phase, "note": 1.0})
+    with caplog.at_level(logging.INFO):
+        StreamDataModule(table, channel_cols=["a"], label_col="phase", context_len=10).setup()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "__" not in text and "'phase'" not in text
+    assert text.count("['note'] have no role") == 1
 
 
 def test_summary_features_use_the_real_steps_only():

@@ -1,4 +1,5 @@
-"""The convolutional token embedding (`model.net.embedding=conv`): padding never leaks in, token grid, refusals."""
+"""The convolutional token embeddings (`model.net.embedding=conv` and `multiscale`): padding never leaks in,
+token grid, refusals."""
 
 import pytest
 import torch
@@ -13,8 +14,14 @@ from tsformer.models import (
 )
 from tsformer.nn.conv_embedding import ConvEmbedding
 from tsformer.nn.masks import lengths_to_valid
+from tsformer.nn.multiscale_embedding import MultiScaleEmbedding
 
 TINY = {"d_model": 16, "n_heads": 2, "n_layers": 1, "embedding": "conv"}
+STEMS = {
+    "conv": lambda stride: ConvEmbedding(3, 16, kernels=(8, 5, 3), stride=stride),
+    # a bottleneck narrower than the input, so every branch of the first module is exercised
+    "multiscale": lambda stride: MultiScaleEmbedding(3, 16, kernels=(3, 6, 9), stride=stride, bottleneck=2),
+}
 
 
 def padded_batch(lengths, pad_to, d=3, seed=0):
@@ -27,10 +34,11 @@ def padded_batch(lengths, pad_to, d=3, seed=0):
     return alone, batch, lengths_to_valid(torch.tensor(lengths), pad_to)
 
 
+@pytest.mark.parametrize("stem", STEMS)
 @pytest.mark.parametrize("stride", [1, 3])
-def test_a_sample_alone_equals_it_among_longer_padded_ones(stride):
+def test_a_sample_alone_equals_it_among_longer_padded_ones(stem, stride):
     torch.manual_seed(0)
-    emb = ConvEmbedding(3, 16, kernels=(8, 5, 3), stride=stride)
+    emb = STEMS[stem](stride)
     lengths = [5, 11, 17]
     alone, batch, valid = padded_batch(lengths, 20)
     with torch.no_grad():
@@ -51,11 +59,12 @@ def test_a_sample_alone_equals_it_among_longer_padded_ones(stride):
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope", "none"])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_classifier_probabilities_do_not_depend_on_padding(fused, positional, pooling, stride):
+@pytest.mark.parametrize("embedding", ["conv", "multiscale"])
+def test_classifier_probabilities_do_not_depend_on_padding(fused, positional, pooling, stride, embedding):
     torch.manual_seed(0)
     cfg = EncoderOnlyConfig(
         d_in=3, head="classification", n_classes=4, pooling=pooling, positional=positional,
-        fused_attention=fused, conv_stride=stride, **TINY,
+        fused_attention=fused, conv_stride=stride, **{**TINY, "embedding": embedding},
     )  # fmt: skip
     model = EncoderOnly(cfg).eval()
     lengths = [7, 12, 4]
@@ -77,10 +86,11 @@ def test_fused_and_reference_attention_agree_over_conv_tokens():
         assert (fused(batch, valid) - reference(batch, valid)).abs().max() <= 1e-5
 
 
-def test_strided_tokens_sit_at_every_stride_th_step():
-    emb = ConvEmbedding(2, 8, kernels=(3,), stride=4)
+@pytest.mark.parametrize("stem", STEMS)
+def test_strided_tokens_sit_at_every_stride_th_step(stem):
+    emb = STEMS[stem](4)
     assert emb.count(10) == 3 and emb.positions(10).tolist() == [0, 4, 8] and emb.n_positions(10) == 9
-    assert emb(torch.randn(2, 10, 2)).shape == (2, 3, 8)
+    assert emb(torch.randn(2, 10, 3)).shape == (2, 3, 16)
     model = EncoderOnly(
         EncoderOnlyConfig(d_in=2, head="forecast", context_len=10, horizon=5, d_out=1, conv_stride=4, **TINY)
     )
@@ -110,6 +120,26 @@ def test_refusals():
         EncoderOnly(EncoderOnlyConfig(d_in=1, head="per_step", conv_stride=2, **TINY))
     with pytest.raises(ValueError, match="unknown model.net.embedding"):
         EncoderOnly(EncoderOnlyConfig(d_in=1, **{**TINY, "embedding": "cnn"}))
+    with pytest.raises(ValueError, match="multiscale reads steps, not patches"):
+        EncoderOnly(
+            EncoderOnlyConfig(
+                d_in=1, head="classification", patch_len=4, **{**TINY, "embedding": "multiscale"}
+            )
+        )
+    with pytest.raises(ValueError, match="too narrow for 4 branches"):
+        MultiScaleEmbedding(1, 3, kernels=(3, 5, 7))
+    with pytest.raises(ValueError, match="multiscale_kernels"):
+        MultiScaleEmbedding(1, 16, kernels=())
+
+
+def test_multiscale_kernels_span_the_same_time_on_tokens():
+    """The first module reads the steps with the kernels as given; the others read tokens of S steps with
+    kernels of ceil(k / S) tokens, and add their output to their input."""
+    emb = MultiScaleEmbedding(1, 16, kernels=(9, 19, 39), stride=4, modules=3, bottleneck=8)
+    first, *others = emb.blocks
+    assert [b.kernel_size[0] for b in first.branches] == [9, 19, 39] and first.bottleneck is None
+    assert all([b.kernel_size[0] for b in m.branches] == [3, 5, 10] for m in others)
+    assert all(m.bottleneck.out_channels == 8 for m in others)  # the tokens' 16 channels narrowed to 8
 
 
 def test_masked_pretraining_restores_the_strided_steps_of_each_token_and_ignores_padding():

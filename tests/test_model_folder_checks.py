@@ -19,7 +19,7 @@ from tsformer import model_folder, predict
 from tsformer.data.datamodule import TimeSeriesDataModule
 from tsformer.jobs import load_model
 from tsformer.jobs.classification.classifier import FOLDER as CLASSIFIER
-from tsformer.jobs.classification.classifier import SequenceContract
+from tsformer.jobs.classification.classifier import ClassifierContract
 from tsformer.jobs.forecasting.forecaster import DataContract
 from tsformer.model_folder import CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, Upgrade
 
@@ -186,7 +186,7 @@ def test_the_model_folder_keeps_the_time_format_training_inferred(tmp_path):
 
 
 @dataclass
-class WithTemperature(SequenceContract):
+class WithTemperature(ClassifierContract):
     temperature: float = 1.0  # a field a later classifier folder holds
 
 
@@ -198,11 +198,11 @@ def test_a_field_added_with_a_version_bump_reads_the_older_folders_with_its_upgr
     later = replace(CLASSIFIER, version=CLASSIFIER.version + 1, contract=WithTemperature,
                     upgrades={**CLASSIFIER.upgrades, CLASSIFIER.version: add})  # fmt: skip
     assert later.oldest == 1
-    contract = model_folder.read(FIXTURES / "classifier_1", later)[1]  # classifier-1 -> 2 -> 3
+    contract = model_folder.read(FIXTURES / "classifier_1", later)[1]  # classifier-1 -> 2 -> 3 -> 4
     assert isinstance(contract, WithTemperature) and contract.temperature == 1.0
     folder = copy_of("classifier_1", tmp_path)
     edit(folder, lambda c: c.update(format=later.format))
-    with pytest.raises(ModelFolderError, match=r"\['temperature'\] missing in data"):
+    with pytest.raises(ModelFolderError, match=r"\['calibration', 'temperature'\] missing in data"):
         model_folder.read(folder, later)
-    with pytest.raises(ModelFolderError, match=r"format 'classifier-3' is newer than this tsformer reads"):
+    with pytest.raises(ModelFolderError, match=r"format 'classifier-4' is newer than this tsformer reads"):
         model_folder.read(folder, CLASSIFIER)  # the tsformer before the field

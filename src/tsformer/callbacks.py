@@ -1,4 +1,7 @@
-"""`MLflowRun`: the Lightning callback that owns a training run's loggers and its MLflow run.
+"""The run's own Lightning callbacks: `MLflowRun`, which owns a training run's loggers and its MLflow run,
+and `LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`).
+
+`MLflowRun`:
 
 Built once from the run's config (`train.run`), it
 - fills in the logger entries (run name, absolute sqlite URI, a resumed run's id) and instantiates
@@ -22,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -149,3 +152,20 @@ def _fill_in_loggers(cfg: DictConfig, run_name: str, resumed: resume.Resume | No
                 entry.tracking_uri = tracking.absolute_sqlite_uri(entry.tracking_uri)
                 if resumed is not None:
                     entry.run_id = resumed.run_id
+
+
+class LastWeights(ModelCheckpoint):
+    """The weights at the end of a fixed budget (`conf/callbacks/last_weights.yaml`): written when the fit
+    ends, and every `every_n_train_steps` steps before (a checkpoint to look at while it runs), never at
+    each epoch's end. A budget of optimiser steps gives a set of 40 series 1600 epochs of 3 batches: a
+    checkpoint at every epoch's end cost a quarter of the fit's time there
+    (benchmarks/RESULTS_classification.md, "Speed")."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        if trainer.fast_dev_run:
+            return
+        path = self.format_checkpoint_name({})  # the config's file name: no metric in it
+        # every process calls it (DDP: the first one writes); weights_only given, as Lightning logs a line else
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self.best_model_path = self.last_model_path = path  # what the run tests and logs

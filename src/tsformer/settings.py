@@ -209,7 +209,7 @@ def _refuse_validation_callbacks_without_validation(cfg: DictConfig) -> None:
             "series' masked MSE; give data.val_fraction > 0"
         )
     callbacks = cfg.get("callbacks") or {}
-    fix = "use callbacks=last_weights (a fixed budget of trainer.max_epochs, the last weights kept)"
+    fix = "use callbacks=last_weights (a fixed budget of trainer.max_steps or max_epochs, the last weights kept)"
     # an experiment's `callbacks.early_stopping.patience` leaves a node without `_target_`: nothing built
     if (callbacks.get("early_stopping") or {}).get("_target_"):
         raise SettingError(

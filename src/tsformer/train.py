@@ -5,7 +5,8 @@ them together in order:
 1. the settings are checked (`settings.py`), the data module validates and windows the data: bad
    input or settings fail here, before any MLflow run exists (`main` prints one line, exit status 2);
 2. the run's job (`tsformer.jobs`: the one that runs the model's task class) sizes the task from the data;
-3. Lightning fits it (checkpoints, early stopping) and tests the best checkpoint;
+3. Lightning fits it (checkpoints, early stopping), the job finishes it (`Job.finish_task`: a classifier
+   fits its probabilities' temperature) and the best checkpoint is tested;
 4. the job writes its outputs (a CSV in original units, the model folder `predict.py` reads) and its
    figures; the callback `callbacks.MLflowRun` owns the loggers and the MLflow run: it logs the files,
    the checkpoint and a pyfunc model, and ends the run FINISHED, KILLED on SIGTERM or Ctrl+C, or
@@ -44,6 +45,7 @@ from tsformer.callbacks import MLflowRun
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
+from tsformer.jobs.base import Fitted
 from tsformer.quiet import quiet_library_chatter
 from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
@@ -170,12 +172,7 @@ def run(cfg: DictConfig) -> RunResult | None:
     # quiet: the seed is in the config and the run's params, and a data error stays one line
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, source)
-    if source is not None:
-        features = getattr(datamodule, "features", None)  # data without static embeddings has none
-        vocabularies = features.static_vocabularies if features is not None else None
-        loaded = init_from.load_into(task, source, vocabularies)  # before the MLflow run: a misfit stops it
-        if cfg.get("init_from_freeze"):
-            init_from.freeze(task, loaded["taken"])
+    _start_from(task, datamodule, source, cfg)  # before the MLflow run: a misfit stops it
     job = job_of(cfg.model, datamodule)
     tags = {"job": job.name, **(source.tags() if source is not None else {})}
     recorder = MLflowRun(cfg, _run_name(job.name, task.family, datamodule.name), resumed, tags)
@@ -186,6 +183,7 @@ def run(cfg: DictConfig) -> RunResult | None:
         tester = _one_process_for_test(trainer, cfg, recorder.loggers)
         if tester is None:
             return None
+        job.finish_task(task, datamodule, _fitted(cfg, best_ckpt, source if resumed is None else None))
         metrics = _test(tester, task, datamodule, best_ckpt, keep_paths=bool(cfg.get("paths_file")))
         outputs = job.write_outputs(cfg, task, datamodule, recorder.run_id)
         if outputs.example is not None:  # what the pyfunc model will answer: the saved folder's answer
@@ -232,8 +230,42 @@ def fit_task(cfg: DictConfig, source=None) -> Trained:
     ]
     trainer = instantiate(cfg.trainer, logger=False, callbacks=callbacks)
     best_ckpt, best_val = _fit(trainer, task, datamodule, None)
+    job_of(cfg.model, datamodule).finish_task(task, datamodule, _fitted(cfg, best_ckpt, None))
     metrics = _test(trainer, task, datamodule, best_ckpt, keep_paths=False)
     return Trained(task, datamodule, metrics, best_val)
+
+
+def _start_from(task, datamodule, source: init_from.Source | None, cfg: DictConfig) -> None:
+    """`source`'s weights into `task` (frozen with `init_from_freeze`); nothing without a source."""
+    if source is None:
+        return
+    features = getattr(datamodule, "features", None)  # data without static embeddings has none
+    vocabularies = features.static_vocabularies if features is not None else None
+    loaded = init_from.load_into(task, source, vocabularies)
+    if cfg.get("init_from_freeze"):
+        init_from.freeze(task, loaded["taken"])
+
+
+def _fitted(cfg: DictConfig, best_ckpt: str, source: init_from.Source | None) -> Fitted:
+    """The run's fit as its job's `finish_task` takes it: `fit_again` trains a new task of the run's
+    config on another data module as the run's task was trained (from `source`, or `cfg.init_from`'s
+    model, looked up on first use: a resumed run has not loaded it)."""
+    sources = [source] if source is not None or not cfg.get("init_from") else []
+
+    def fit_again(datamodule, seed: int):
+        if not sources:
+            sources.append(_init_source(cfg))
+        L.seed_everything(seed, workers=True, verbose=False)
+        task = build_task(cfg.model, datamodule)
+        _start_from(task, datamodule, sources[0], cfg)
+        trainer = instantiate(
+            cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, strategy="auto", devices=1, num_nodes=1,  # one process, as the test
+        )  # fmt: skip
+        trainer.fit(task, datamodule=datamodule)
+        return task
+
+    return Fitted(best_ckpt, int(cfg.seed), fit_again)
 
 
 def _init_source(cfg: DictConfig) -> init_from.Source | None:

@@ -167,11 +167,12 @@ class SeriesSchema:
 
     # -- the individual checks -------------------------------------------------------------------
 
-    def _match_columns(self, df, source, extra_cols: list[str]) -> pd.DataFrame:
+    def _match_columns(self, df, source, extra_cols: list[str], report_unused: bool = True) -> pd.DataFrame:
         """`df` with its columns named as the schema names them; an error for a missing column.
 
         A name equal to a wanted one up to spaces around it is renamed (spreadsheet exports keep
-        them: 'AFDP '); columns that no role wants are reported and left for `validate` to drop.
+        them: 'AFDP '); columns that no role wants are reported (once: `validate` reports, a second
+        look at the same table does not) and left for `validate` to drop.
         """
         wanted = [*self.columns, *extra_cols]
         present = [str(c) for c in df.columns]
@@ -195,7 +196,7 @@ class SeriesSchema:
                 f"{source}: missing column(s) {missing}; the columns present are {present}"
             )
         unused = [c for c in df.columns if c not in wanted]
-        if unused:
+        if unused and report_unused:
             log.info(
                 "%s: column(s) %s have no role (time, series, target, known, observed, static): ignored",
                 source,
@@ -229,7 +230,9 @@ class SeriesSchema:
         training file was); None for times that are not text, or that no single format fits."""
         if self.time_format:
             return self.time_format
-        raw = self._match_columns(df.reset_index(drop=True), str(source), [])[self.time_col]
+        raw = self._match_columns(df.reset_index(drop=True), str(source), [], report_unused=False)[
+            self.time_col
+        ]
         return self._date_order(raw, source) or _inferred_format(raw)
 
     def _date_order(self, raw: pd.Series, source) -> str | None:

@@ -154,7 +154,7 @@ class SequenceColumns:
 
 def read_sequences(table: pd.DataFrame, source: str, cols: SequenceColumns, labelled: bool = True) -> dict:
     """The table's series: ids, (T_i, D) float64 arrays in step order, one label each (checked; None
-    when not `labelled` and the table has no label column)."""
+    when not `labelled` and the table has no label column), and each series' step values `(T_i,)`."""
     labelled = labelled or cols.label_col in table.columns
     needed = [cols.series_col, cols.step_col, *([cols.label_col] if labelled else []), *cols.channel_cols]
     for col in needed:
@@ -170,15 +170,16 @@ def read_sequences(table: pd.DataFrame, source: str, cols: SequenceColumns, labe
     _refuse_missing(table[[cols.series_col, *([cols.label_col] if labelled else [])]], source, "a value")
     table = table.assign(**{c: values[c] for c in cols.channel_cols})
     table = table.sort_values([cols.series_col, cols.step_col], kind="stable")
-    ids, x, labels = [], [], []
+    ids, x, labels, steps = [], [], [], []
     for sid, rows in table.groupby(cols.series_col, sort=False):
         ids.append(plain(sid))
         x.append(rows[cols.channel_cols].to_numpy(dtype=np.float64))  # (T_i, D)
+        steps.append(rows[cols.step_col].to_numpy())  # (T_i,)
         if labelled:
             _one_label(rows[cols.label_col], sid, source)
             labels.append(plain(rows[cols.label_col].iloc[0]))
     labels = np.array(labels, dtype=object) if labelled else None
-    return {"ids": np.array(ids, dtype=object), "x": x, "labels": labels}
+    return {"ids": np.array(ids, dtype=object), "x": x, "labels": labels, "steps": steps}
 
 
 class SampleDataset(Dataset):
@@ -443,8 +444,8 @@ class StreamDataModule(ClassificationData):
         every_class = sorted_classes(raw[self.label_col])  # codes first; the classes come from train
         self.label_names = every_class  # label of code k (LABEL_CODE in `windows.frame`)
         codes = class_codes(raw[self.label_col], every_class, source, lambda i: f"row {i}")
-        windows = _LabelledWindows(
-            raw.assign(**{LABEL_CODE: codes.astype(np.float64)}),
+        windows = _LabelledWindows(  # the label as its code (a number the windows carry), not as text
+            raw.drop(columns=[self.label_col]).assign(**{LABEL_CODE: codes.astype(np.float64)}),
             source,
             target_cols=self.channel_names,
             context_len=self.context_len,

@@ -126,7 +126,9 @@ def simulate_plant(
     """Plant with known inputs (ambient pressure and temperature, supply voltage) and two lagged states.
 
     Columns: series_id, time, ambient_pressure, ambient_temperature, supply_voltage,
-    dynamic_temperature, dynamic_pressure (and, `with_fouling`, the hidden fouling factor `fouling`).
+    dynamic_temperature, dynamic_pressure (and, `with_fouling`, the hidden fouling factor `fouling` and the
+    plant's rated heating gain `rated_gain` = 1000 k / R0: its temperature rise in K per 1000 V^2 of supply
+    when clean, a number per series known from its commissioning; it draws no random number).
     Equations in the module docstring. `heating_drift`: from the step at fraction `drift_start` of the
     series on, every series heats by that fraction more (k (1 + heating_drift), an aging heater): a
     drift no input shows, for models refitted on the newer rows (`init_from`). It draws no random number:
@@ -195,6 +197,7 @@ def simulate_plant(
     }
     if with_fouling:
         columns["fouling"] = fouling[:, keep]
+        columns["rated_gain"] = np.repeat(1000 * (k / r0)[:, None], n_steps, axis=1)  # (S, T), constant
     return _tidy(times[keep], columns)
 
 
@@ -207,8 +210,11 @@ def simulate_plant_regimes(
     """The plant of `simulate_plant` with its hidden fouling regime as a label on every step: `regime`
     is low (fouling < 0.9667), normal or high (> 1.0333), the thirds of its range U(0.9, 1.1); the
     factor itself is not a column. Fouling scales the heating, so the regime shows in how far the
-    temperature rises above ambient for a given supply voltage (the series' own heating coefficient
-    varies too, which makes the task harder than reading one number)."""
+    temperature rises above ambient for a given supply voltage. Each series' own heating coefficient
+    k / R0 varies too, by more than fouling does: without it, a window cannot tell a high fouling from a
+    strong heater on a plant not trained on. `rated_gain` (1000 k / R0, the plant's commissioning value,
+    constant per series) is that coefficient, as an engineer knows it; `data=plant_regime` reads it
+    (benchmarks/RESULTS_classification.md: the plant demo on new plants)."""
     table = simulate_plant(n_series, n_steps, freq, start, seed, with_fouling=True)
     edges = np.linspace(0.9, 1.1, len(REGIMES) + 1)[1:-1]  # (2,): the inner edges of the thirds
     regime = np.asarray(REGIMES)[np.searchsorted(edges, table.pop("fouling").to_numpy())]

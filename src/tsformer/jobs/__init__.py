@@ -3,7 +3,8 @@ the model folder it wrote. `JOBS` is the one place that maps a run or a model fo
 
 A job (`base.Job`) is a module holding
 - `data_class` (with `data_filter(datamodule)`: `takes_data`) and `task_sizes(datamodule)`: the data
-  it runs on and what the task's constructor takes from it (`prepare_task(task, datamodule)` after the task is built);
+  it runs on and what the task's constructor takes from it (`prepare_task(task, datamodule)` after the task is built,
+  `finish_task(task, datamodule, fitted)` after its fit, before its test: `base.Fitted`);
 - `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
   folder always; a CSV, an example table for the pyfunc model where it has them; test metrics of its
   own, from those outputs, which the run adds to the test's);

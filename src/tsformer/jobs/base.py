@@ -91,6 +91,18 @@ class Prediction:
     written_as_read: bool = False
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A run's fit, as its job finishes the task after it (`Job.finish_task`), before the test."""
+
+    best_checkpoint: str  # the weights the test takes ("": the task's own, the last)
+    seed: int  # the run's
+    # (data module, seed) -> a new task of the run's config trained on that data as the run's task was
+    # (its init_from, its trainer settings; one process, no logger, no checkpoint): a classifier's
+    # cross-fitted networks for its temperature
+    fit_again: Callable[[Any, int], Any]
+
+
 def refuses(why: Callable[[Any], str]) -> Prediction:
     """The `Prediction` of a job whose model answers nothing (`why(model)`: the one line saying so)."""
 
@@ -105,7 +117,8 @@ class Job:
     """One job of the application: everything about a run that is not the task itself.
 
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
-    takes from the data), `prepare_task` (after it is built), `write_outputs` (after the test),
+    takes from the data), `prepare_task` (after it is built), `finish_task` (after the fit, before the
+    test: a classifier fits its probabilities' temperature), `write_outputs` (after the test),
     `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py,
     tsformer-serve and the pyfunc model load its folder by its kind (`folders`), then call
     `prediction.answer` (through `serving.predictor.Predictor`). The fields are plain functions, so that a job is a module with a
@@ -126,6 +139,7 @@ class Job:
     prediction: Prediction  # how the inference object answers a table (predict.py, tsformer-serve, pyfunc)
     usage: Callable[[str], str]  # the summary's line saying how to use the model folder (its path)
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
+    finish_task: Callable[[Any, Any, Fitted], None] = _nothing  # task, datamodule, the fit
     data_filter: Callable[[Any], bool] = lambda datamodule: True  # what else its data module must be
 
     def takes_data(self, datamodule) -> bool:
@@ -134,12 +148,13 @@ class Job:
 
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
-FUNCTIONS = ("data_filter", "task_sizes", "prepare_task", "write_outputs", "log_outputs", "summary_lines")
+FUNCTIONS = ("data_filter", "task_sizes", "prepare_task", "finish_task", "write_outputs", "log_outputs")
+FUNCTIONS += ("summary_lines",)
 
 
 def job_of_module(module_name: str, **fields) -> Job:
-    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `data_filter` and
-    `prepare_task` may be left out), with the other `fields` given."""
+    """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `data_filter`,
+    `prepare_task` and `finish_task` may be left out), with the other `fields` given."""
     module = sys.modules[module_name]
     return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.conv_embedding import ConvEmbedding, build_embedding, token_grid
+from tsformer.nn.conv_embedding import StridedTokens, build_embedding, token_grid
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
@@ -97,7 +97,7 @@ class EncoderDecoder(nn.Module):
                     "patch tokens take whole histories: no padding mask (hist_valid) with patch_len"
                 )
             hist = self.patching(hist)  # (B, N, d_enc_in) -> (B, L, P * d_enc_in)
-        if isinstance(self.enc_proj, ConvEmbedding):
+        if isinstance(self.enc_proj, StridedTokens):
             h = self.enc_proj(hist, hist_valid)  # (B, L, d_model), padding kept out of the convolutions
             hist_valid = self.enc_proj.token_valid(hist_valid)
         else:
@@ -137,7 +137,7 @@ class EncoderDecoder(nn.Module):
         if self.go_token is not None and start == 0:
             h = torch.cat([h[:, :1] + self.go_token, h[:, 1:]], dim=1)
         h = self.dropout(self.positional(h, positions))
-        if isinstance(self.enc_proj, ConvEmbedding):
+        if isinstance(self.enc_proj, StridedTokens):
             memory_valid = self.enc_proj.token_valid(memory_valid)  # steps -> the memory's tokens
         memory_mask = padding_mask(memory_valid) if memory_valid is not None else None
         h = self.decoder(

@@ -34,7 +34,7 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.conv_embedding import ConvEmbedding, build_embedding, token_grid
+from tsformer.nn.conv_embedding import StridedTokens, build_embedding, token_grid
 from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
 from tsformer.nn.positional import build_positional
@@ -72,7 +72,7 @@ class EncoderOnly(nn.Module):
                 "the per_step head gives one output per step: it takes no patch tokens (patch_len)"
             )
         self.input_proj = build_embedding(cfg, token_features(self.patching, cfg.d_in), self.patching)
-        self.conv = isinstance(self.input_proj, ConvEmbedding)
+        self.conv = isinstance(self.input_proj, StridedTokens)
         self.grid = token_grid(self.patching, self.input_proj)  # patches, strided convolution, or None
         if self.conv and self.input_proj.stride > 1 and cfg.head == "per_step":
             raise ValueError(

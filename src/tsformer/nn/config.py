@@ -35,9 +35,13 @@ class TransformerConfig:
     bias: bool = True
     # encoders: how steps become tokens (nn/conv_embedding.py): "linear" (one step or patch, projected)
     # | "conv" (Conv1d layers of these kernels, LayerNorm, GELU; one token per conv_stride steps)
+    # | "multiscale" (InceptionTime modules: parallel kernels of several lengths; nn/multiscale_embedding.py)
     embedding: str = "linear"
     conv_kernels: tuple[int, ...] = (8, 5, 3)
-    conv_stride: int = 1
+    conv_stride: int = 1  # conv and multiscale: one token per conv_stride steps
+    multiscale_kernels: tuple[int, ...] = (9, 19, 39)  # in steps, side by side in each module
+    multiscale_modules: int = 3  # the first reads the steps at conv_stride, the others the tokens
+    multiscale_bottleneck: int = 32  # channels a wider input is narrowed to before the kernels
 
     @property
     def head_dim(self) -> int:

@@ -22,29 +22,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EMBEDDINGS = ("linear", "conv")
+EMBEDDINGS = ("linear", "conv", "multiscale")
 
 
-class ConvEmbedding(nn.Module):
-    """Steps `(B, T, d_in)` -> tokens `(B, ceil(T / S), d_model)` (see the module docstring)."""
+def same_padding(h: torch.Tensor, kernel: int) -> torch.Tensor:
+    """`(B, C, T)` with the zeros a 'same' convolution of `kernel` reads past each end: (k - 1) // 2
+    before, k // 2 after (so a strided kernel's output i starts at step i * S - (k - 1) // 2)."""
+    return F.pad(h, ((kernel - 1) // 2, kernel // 2))
 
-    def __init__(self, d_in: int, d_model: int, kernels=(8, 5, 3), stride: int = 1):
-        super().__init__()
-        kernels = [int(k) for k in kernels]
-        if d_in < 1:
-            raise ValueError(f"a token needs at least one input feature, got d_in={d_in}")
-        if not kernels or min(kernels) < 1:
-            raise ValueError(f"model.net.conv_kernels={kernels}: give one kernel size >= 1 per layer")
-        if stride < 1:
-            raise ValueError(f"model.net.conv_stride={stride}: must be >= 1")
-        self.d_in, self.stride, self.kernels = d_in, int(stride), kernels
-        widths = [d_in, *[d_model] * len(kernels)]
-        self.convs = nn.ModuleList(
-            nn.Conv1d(widths[i], widths[i + 1], k, stride=self.stride if i == 0 else 1)
-            for i, k in enumerate(kernels)
-        )
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in kernels)
-        self.act = nn.GELU()
+
+def check_sizes(d_in: int, stride: int) -> tuple[int, int]:
+    if d_in < 1:
+        raise ValueError(f"a token needs at least one input feature, got d_in={d_in}")
+    if stride < 1:
+        raise ValueError(f"model.net.conv_stride={stride}: must be >= 1")
+    return int(d_in), int(stride)
+
+
+class StridedTokens(nn.Module):
+    """The token grid of a convolutional embedding: token i at step i * `stride`, valid when its step is.
+    `ConvEmbedding` and `tsformer.nn.multiscale_embedding.MultiScaleEmbedding` set `d_in` and `stride`
+    and map steps `(B, T, d_in)` (valid `(B, T)` or None) to tokens `(B, ceil(T / S), d_model)`."""
+
+    d_in: int
+    stride: int
 
     # the token grid, as `tsformer.nn.patching.Patching` gives it (the models ask either the same way)
     def count(self, n_steps: int) -> int:
@@ -69,18 +70,38 @@ class ConvEmbedding(nn.Module):
         values = F.pad(values, (0, 0, 0, L * self.stride - T))  # (B, L * S, C)
         return values.reshape(B, L, self.stride * C)
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def check_input(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.d_in:
             raise ValueError(
                 f"expected {self.d_in} features per step, got {x.shape[-1]} (input shape {tuple(x.shape)})"
             )
+
+
+class ConvEmbedding(StridedTokens):
+    """Steps `(B, T, d_in)` -> tokens `(B, ceil(T / S), d_model)` (see the module docstring)."""
+
+    def __init__(self, d_in: int, d_model: int, kernels=(8, 5, 3), stride: int = 1):
+        super().__init__()
+        kernels = [int(k) for k in kernels]
+        if not kernels or min(kernels) < 1:
+            raise ValueError(f"model.net.conv_kernels={kernels}: give one kernel size >= 1 per layer")
+        (self.d_in, self.stride), self.kernels = check_sizes(d_in, stride), kernels
+        widths = [d_in, *[d_model] * len(kernels)]
+        self.convs = nn.ModuleList(
+            nn.Conv1d(widths[i], widths[i + 1], k, stride=self.stride if i == 0 else 1)
+            for i, k in enumerate(kernels)
+        )
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in kernels)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_input(x)
         h = x.transpose(1, 2)  # (B, d_in, T): Conv1d's layout
         keep = None if valid is None else valid.unsqueeze(1).to(h.dtype)  # (B, 1, T)
         for i, (conv, norm) in enumerate(zip(self.convs, self.norms, strict=True)):
             if keep is not None:
                 h = h * keep  # padded steps read as the zeros past a lone sample's end
-            k = conv.kernel_size[0]
-            h = conv(F.pad(h, ((k - 1) // 2, k // 2)))  # 'same' padding, (B, d_model, L)
+            h = conv(same_padding(h, conv.kernel_size[0]))  # (B, d_model, L)
             if i == 0 and keep is not None:
                 keep = keep[:, :, :: self.stride]  # (B, 1, L)
             h = self.act(norm(h.transpose(1, 2)).transpose(1, 2))  # LayerNorm per token over channels
@@ -97,13 +118,15 @@ def token_grid(patching, embedding):
     (one token per step); `tsformer.nn.patching`'s helpers take either."""
     if patching is not None:
         return patching
-    return embedding if isinstance(embedding, ConvEmbedding) else None
+    return embedding if isinstance(embedding, StridedTokens) else None
 
 
 def build_embedding(cfg, d_token: int, patching=None) -> nn.Module:
     """The input embedding of an encoder: `InputProjection` (`model.net.embedding=linear`) of each step or
-    patch, or `ConvEmbedding` (`conv`) of the steps; a convolution reads steps, so it takes no patches."""
+    patch, `ConvEmbedding` (`conv`) or `MultiScaleEmbedding` (`multiscale`) of the steps; a convolution
+    reads steps, so it takes no patches."""
     from tsformer.nn.embedding import InputProjection
+    from tsformer.nn.multiscale_embedding import MultiScaleEmbedding
 
     if cfg.embedding not in EMBEDDINGS:
         raise ValueError(f"unknown model.net.embedding {cfg.embedding!r}; choose one of {EMBEDDINGS}")
@@ -111,7 +134,12 @@ def build_embedding(cfg, d_token: int, patching=None) -> nn.Module:
         return InputProjection(d_token, cfg.d_model)
     if patching is not None:
         raise ValueError(
-            "model.net.embedding=conv reads steps, not patches: set model.patch_len=null "
+            f"model.net.embedding={cfg.embedding} reads steps, not patches: set model.patch_len=null "
             "(model.net.conv_stride gives one token per stride of steps)"
         )
+    if cfg.embedding == "multiscale":
+        return MultiScaleEmbedding(
+            d_token, cfg.d_model, cfg.multiscale_kernels, cfg.conv_stride, cfg.multiscale_modules,
+            cfg.multiscale_bottleneck,
+        )  # fmt: skip
     return ConvEmbedding(d_token, cfg.d_model, cfg.conv_kernels, cfg.conv_stride)

@@ -19,8 +19,15 @@ and shift per channel. Channel independence has no meaning for one label per sam
 included: keep `layer` (the default) for sequences of unequal length (at test time BatchNorm uses its
 running averages, so a sample's probabilities stay its own either way).
 
+Probabilities are calibrated by a temperature (Guo et al. 2017): softmax(logits / T), one T > 0 for
+every class, which changes no predicted class. The task holds T (`temperature`, 1 until fitted); the
+classification job fits it after training on samples that are never test samples
+(`tsformer.jobs.classification.calibration`: `calibration: temperature`, `calibration_folds`;
+`calibration: none` keeps T = 1) and the model folder keeps it.
+
 Test metrics (torchmetrics, every test sample): accuracy, balanced accuracy (macro recall), macro
-F1, log loss, expected calibration error (15 bins), beside the same metrics of two baselines fitted
+F1, log loss, expected calibration error (15 bins) of the calibrated probabilities (the log loss and
+ECE of T = 1 beside them, `test/uncalibrated_*`), beside the same metrics of two baselines fitted
 on the training samples (`tasks/baselines.py` conventions: the first is `baseline`):
 - `baseline`: the majority class, with the training class shares as probabilities;
 - `logistic`: logistic regression on per-channel summaries (mean, std, min, max, last, slope over
@@ -50,6 +57,7 @@ from tsformer.tasks.setting_groups import InputOptions, TakesSettings
 
 METRICS = ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "ece")
 ECE_BINS = 15
+CALIBRATIONS = ("temperature", "none")
 
 
 def class_metrics(n_classes: int, prefix: str) -> MetricCollection:
@@ -148,6 +156,8 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         static_embedding_dim: int = 4,  # shared setting of _common.yaml; sequences have no static columns
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         augment: dict | None = None,  # training-batch augmentation (data/augment.py); None: none
+        calibration: str = "temperature",  # temperature | none (the module docstring)
+        calibration_folds: int = 3,  # cross-fitted networks when no series is held out for validation
         **settings,  # of `setting_groups`: model.lr, model.revin, ...
     ):
         super().__init__()
@@ -164,6 +174,15 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
             raise ValueError(f"monitor={monitor!r}: a classifier is checkpointed on val/loss (the log loss)")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing={label_smoothing}: must be in [0, 1)")
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration={calibration!r}: choose one of {', '.join(CALIBRATIONS)}")
+        if (
+            isinstance(calibration_folds, bool)
+            or not isinstance(calibration_folds, int)
+            or calibration_folds < 2
+        ):
+            raise ValueError(f"calibration_folds={calibration_folds!r}: a whole number >= 2 (e.g. 3)")
+        self.temperature = 1.0  # softmax(logits / T); the job fits T after training (not a weight)
         self.classes = [str(c) for c in classes]
         n_classes = len(self.classes)
         config = EncoderOnlyConfig(
@@ -222,8 +241,13 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
             z = z * self.affine[0].exp() + self.affine[1]
         return z * w
 
+    def logits(self, batch: dict) -> torch.Tensor:
+        """Uncalibrated logits `(B, C)` of a padded batch."""
+        return self(batch["x"], batch["valid"])
+
     def predict_proba(self, batch: dict) -> torch.Tensor:
-        return self(batch["x"], batch["valid"]).softmax(dim=-1)  # (B, C)
+        """Calibrated probabilities `(B, C)`: softmax(logits / temperature)."""
+        return (self.logits(batch) / self.temperature).softmax(dim=-1)
 
     # -- Lightning steps ------------------------------------------------------------------------------
 
@@ -253,11 +277,13 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         self._test_parts = []
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        logits = self(batch["x"], batch["valid"])
-        proba = logits.softmax(dim=-1)
+        logits = self.logits(batch)
+        calibrated = logits / self.temperature
+        proba = calibrated.softmax(dim=-1)
         self.test_metrics.update(proba, batch["label"])
-        self.test_log_loss.update(F.cross_entropy(logits, batch["label"], reduction="none"))
-        self._test_parts.append((batch["sample"].cpu(), proba.detach().cpu(), batch["label"].cpu()))
+        self.test_log_loss.update(F.cross_entropy(calibrated, batch["label"], reduction="none"))
+        parts = (batch["sample"], proba, batch["label"], logits.softmax(dim=-1))
+        self._test_parts.append(tuple(t.detach().cpu() for t in parts))
 
     def on_test_epoch_end(self) -> None:
         self.log_dict(self.test_metrics.compute())
@@ -269,6 +295,11 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         proba = torch.cat([p[1] for p in self._test_parts]).double().numpy()[order]
         true = torch.cat([p[2] for p in self._test_parts]).numpy()[order]
         self.test_outputs = {"proba": proba, "true": true}
+        uncalibrated = torch.cat([p[3] for p in self._test_parts]).double().numpy()[order]
+        scores = score(uncalibrated, true, len(self.classes))
+        self.log("test/uncalibrated_log_loss", scores["log_loss"])
+        self.log("test/uncalibrated_ece", scores["ece"])
+        self.log("calibration/temperature", float(self.temperature))
         datamodule = self.trainer.datamodule
         if datamodule is None:
             return

@@ -74,7 +74,7 @@ class MaskedPretraining(TakesSettings, Optimised, L.LightningModule):
         patch_len, patch_stride = options.patch_len, options.patch_stride
         patching = Patching(patch_len, patch_stride) if patch_len else None
         # a token restores its values: D, P * D for a patch, or S * D for a token of a conv_stride of S
-        stride = net.get("conv_stride", 1) if net.get("embedding", "linear") == "conv" else 1
+        stride = net.get("conv_stride", 1) if net.get("embedding", "linear") in ("conv", "multiscale") else 1
         d_out = token_features(patching, d_in) * stride
         self.net = EncoderOnly(
             EncoderOnlyConfig(

@@ -1,8 +1,8 @@
 """A trained sequence classifier as a self-contained folder, and the classes of new sequences.
 
-The folder (`tsformer.model_folder`, format `classifier-2`: `FOLDER`) holds `tsformer.json` (the task
+The folder (`tsformer.model_folder`, format `classifier-3`: `FOLDER`) holds `tsformer.json` (the task
 class, its hyperparameters with the class names, the data contract below, the channel scaler as plain
-numbers) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)` needs only
+numbers, the probabilities' calibration: `calibration.py`) and `weights.pt` (a plain state dict). `Classifier.load(folder).predict(table)` needs only
 the installed package; `predict.py` and the pyfunc model find its job by the task class written in
 `tsformer.json` (`jobs.job_of_folder`); an ensemble's folder is a kind of its own (`ensemble.py`). An encoder pre-trained on such sequences
 (`pretrain=masked`, `tasks/pretraining.py`) is saved the same way, for `init_from`; it classifies nothing.
@@ -13,14 +13,15 @@ The table is laid out as the training data (`tsformer.data.sequences`):
 - a labelled stream: time (and series) column and channels: one row per window of `context_len`
   steps inside each gap-free run of rows, at every step (`window_end_time` is its last step).
 Output columns: `series_id`, [`window_end_time`], `y_true` (the table's label, empty without one),
-`y_pred`, `p_<class>` for every class. A label the model does not know is named in a warning.
+`y_pred`, `p_<class>` for every class (calibrated: softmax(logits / T)); with `explain`, each sample's
+top time ranges (`explain.range_columns`). A label the model does not know is named in a warning.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ from tsformer.data.features import Affine
 from tsformer.data.schema import SeriesSchema, find_segments, fixed_step, resolve_freq
 from tsformer.data.sequences import SequenceColumns, pad_batch, read_sequences
 from tsformer.data.windows import window_starts
+from tsformer.jobs.classification.calibration import NONE, Calibration
+from tsformer.jobs.classification.explain import occlusion, range_columns
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade, first_line
 from tsformer.tasks.classification import ClassificationTask
 from tsformer.tasks.pretraining import MaskedPretraining
@@ -60,6 +63,15 @@ class SequenceContract:
     csv: dict = field(default_factory=dict)
 
 
+@dataclass
+class ClassifierContract(SequenceContract):
+    """A classifier's folder's `data`: the table's contract, and the temperature its probabilities are
+    divided by (an ensemble's members each have their own; the ensemble's `data` is the shared
+    `SequenceContract`)."""
+
+    calibration: Calibration = field(default_factory=lambda: NONE)
+
+
 def contract_of(datamodule) -> SequenceContract:
     """The data contract of a set-up `SequenceDataModule` or `StreamDataModule`."""
     common = {"channel_cols": list(datamodule.channel_names), "channel_scaler": datamodule.channel_scaler}
@@ -79,14 +91,17 @@ def contract_of(datamodule) -> SequenceContract:
 
 
 def save_classifier_folder(folder: str | Path, task, datamodule, info: ModelInfo) -> Path:
-    """Write `task`'s network and `datamodule`'s contract to `folder`, each file atomically."""
-    return model_folder.write(folder, FOLDER, task, contract_of(datamodule), info)
+    """Write `task`'s network, `datamodule`'s contract and the task's calibration (none fitted: T = 1)
+    to `folder`, each file atomically."""
+    calibration = getattr(task, "calibration", NONE)
+    contract = ClassifierContract(**vars(contract_of(datamodule)), calibration=calibration)
+    return model_folder.write(folder, FOLDER, task, contract, info)
 
 
 # -- reading a classifier's folder, checked (`model_folder.read`) --------------------------------
 
 
-def _contract_problems(c: SequenceContract, hparams: dict):
+def _contract_problems(c: ClassifierContract, hparams: dict):
     """What `predict` would trip over: counts that follow from the channels and classes, ranges."""
     n = len(c.channel_cols)
     if not c.channel_cols or len(set(c.channel_cols)) != n:
@@ -106,6 +121,7 @@ def _contract_problems(c: SequenceContract, hparams: dict):
     if hparams.get("d_in") != n:
         yield f"hparams.d_in is {hparams.get('d_in')!r}, but data makes it {n} (its channel_cols)"
     yield from _layout_problems(c)
+    yield from (f"data.{problem}" for problem in c.calibration.problems())
 
 
 def _layout_problems(c: SequenceContract):
@@ -126,7 +142,7 @@ def _layout_problems(c: SequenceContract):
         yield f"data.layout is {c.layout!r}, expected 'sequences' or 'stream'"
 
 
-def _check_contract(c: SequenceContract, hparams: dict, path: Path) -> None:
+def _check_contract(c: ClassifierContract, hparams: dict, path: Path) -> None:
     problem = next(_contract_problems(c, hparams), None)
     if problem is not None:
         raise ModelFolderError(f"{path}: {problem}: {RESTORE}")
@@ -150,44 +166,59 @@ class Classifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> Classifier:
-        """The model in `folder`, checked (`model_folder.read`)."""
-        return cls(*model_folder.read(folder, FOLDER))
+        """The model in `folder`, checked (`model_folder.read`), its probabilities divided by the
+        temperature the folder keeps."""
+        task, contract, info = model_folder.read(folder, FOLDER)
+        task.temperature, task.calibration = contract.calibration.temperature, contract.calibration
+        return cls(task, contract, info)
 
     @property
     def classes(self) -> list[str]:
         return list(self.contract.classes)
 
+    @property
+    def class_shares(self) -> np.ndarray | None:
+        """`(C,)` the training samples' class shares (the majority class baseline's probabilities);
+        None where the folder does not say (an ensemble's: its first member's)."""
+        task = self.task.members[0] if hasattr(self.task, "members") else self.task
+        counts = (getattr(task, "hparams", None) or {}).get("class_counts")
+        if not counts or len(counts) != len(self.classes) or sum(counts) <= 0:
+            return None
+        return np.asarray(counts, dtype=np.float64) / sum(counts)
+
     def predict(
-        self, table: pd.DataFrame, source: str = "input table", time_format: str | None = None
+        self,
+        table: pd.DataFrame,
+        source: str = "input table",
+        time_format: str | None = None,
+        explain: bool = False,
     ) -> pd.DataFrame:
         """The class and probabilities of every sequence (or stream window) of `table`; `time_format`:
-        a stream's text times (default: the training data's)."""
+        a stream's text times (default: the training data's). With `explain`, each sample's top time
+        ranges by occlusion (`explain.range_columns`) too."""
         if not hasattr(self.task, "predict_proba"):
             raise ValueError(not_a_classifier(self.info))
         c = self.contract
         if c.layout == "stream":
-            info, samples, labels = self._stream_windows(table, source, time_format or c.time_format)
+            info, samples, labels, steps = self._stream_windows(table, source, time_format or c.time_format)
         else:
             cols = SequenceColumns(c.series_col, c.step_col, c.label_col, c.channel_cols)
             found = read_sequences(table, source, cols, labelled=False)
             info, samples, labels = pd.DataFrame({"series_id": found["ids"]}), found["x"], found["labels"]
+            steps = found["steps"]
         samples = [c.channel_scaler.transform(x).astype(np.float32) for x in samples]
         proba = self.predict_proba(samples)
         if labels is not None:
             self._warn_unknown(labels, source)
-        return classes_frame(info, proba, self.classes, labels)
+        frame = classes_frame(info, proba, self.classes, labels)
+        if explain:
+            found = occlusion(self.predict_proba, samples, targets=proba.argmax(axis=1))
+            frame = frame.assign(**range_columns(found, steps))
+        return frame
 
     def predict_proba(self, samples: list[np.ndarray]) -> np.ndarray:
         """Scaled samples `(T_i, D)` -> probabilities `(S, C)`, in batches padded to their longest."""
-        out = []
-        with torch.no_grad():
-            for lo in range(0, len(samples), BATCH):
-                items = [
-                    {"x": torch.as_tensor(x), "label": torch.tensor(0), "sample": torch.tensor(i)}
-                    for i, x in enumerate(samples[lo : lo + BATCH])
-                ]
-                out.append(self.task.predict_proba(pad_batch(items)).double().numpy())
-        return np.concatenate(out) if out else np.zeros((0, len(self.classes)))
+        return probabilities(self.task, samples, len(self.classes))
 
     def _stream_windows(self, table: pd.DataFrame, source: str, time_format: str | None):
         c = self.contract
@@ -208,7 +239,8 @@ class Classifier:
         series = clean[c.series_col].to_numpy()[last] if c.series_col else np.zeros(len(last), dtype=int)
         info = pd.DataFrame({"series_id": series, "window_end_time": clean[c.time_col].to_numpy()[last]})
         labels = clean[c.label_col].to_numpy()[last] if keep else None
-        return info, [values[s : s + N] for s in starts], labels
+        times = clean[c.time_col].to_numpy()  # (rows,)
+        return info, [values[s : s + N] for s in starts], labels, [times[s : s + N] for s in starts]
 
     def _warn_unknown(self, labels, source: str) -> None:
         unknown = sorted({str(v) for v in labels} - set(self.classes))
@@ -222,15 +254,33 @@ class Classifier:
             )
 
 
+def probabilities(task, samples: list[np.ndarray], n_classes: int) -> np.ndarray:
+    """`task.predict_proba` of scaled samples `(T_i, D)` -> `(S, C)`, in batches padded to their longest."""
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(samples), BATCH):
+            items = [
+                {"x": torch.as_tensor(x), "label": torch.tensor(0), "sample": torch.tensor(i)}
+                for i, x in enumerate(samples[lo : lo + BATCH])
+            ]
+            out.append(task.predict_proba(pad_batch(items)).double().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, n_classes))
+
+
+def _uncalibrated(config: dict) -> dict:
+    """A classifier-2 folder as classifier-3: its probabilities were softmax(logits), temperature 1."""
+    return {**config, "data": {**config["data"], "calibration": asdict(NONE)}}
+
+
 FOLDER = FolderKind(
     name="classifier",
-    version=2,  # 2: ensembles are a kind of their own
+    version=3,  # 2: ensembles are a kind of their own; 3: the calibration (data.calibration)
     describes="classifier",
-    contract=SequenceContract,
+    contract=ClassifierContract,
     tasks=(ClassificationTask, MaskedPretraining),
     load=Classifier.load,
     check_contract=_check_contract,
-    upgrades={1: Upgrade()},  # 1 holds what 2 holds
+    upgrades={1: Upgrade(), 2: Upgrade(config=_uncalibrated)},  # 1 holds what 2 holds
 )
 
 

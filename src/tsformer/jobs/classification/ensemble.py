@@ -55,9 +55,10 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
     must share one data contract (checked here, not when a user predicts)."""
     folder = Path(folder)
     configs = [json.loads((Path(m) / CONFIG_FILE).read_text()) for m in member_folders]
+    shared = [_shared_contract(c) for c in configs]  # each member keeps its own temperature
     first = configs[0]
-    for path, config in zip(member_folders, configs, strict=True):
-        if config.get("format") != first.get("format") or config.get("data") != first.get("data"):
+    for path, config, data in zip(member_folders, configs, shared, strict=True):
+        if config.get("format") != first.get("format") or data != shared[0]:
             raise ModelFolderError(
                 f"{path}: its data contract differs from {member_folders[0]}'s (columns, classes or channel "
                 "scaler): the members must read the data the same way; train them on the same training "
@@ -69,8 +70,13 @@ def write_ensemble_folder(folder: str | Path, member_folders: list[Path]) -> Pat
         names.append(MEMBER.format(i))
         shutil.copytree(member, folder / names[-1])
     # task_class: the job its folder is (`jobs.job_of_folder`), as its members'
-    keys = {"task_class": first["task_class"], "members": names, "data": first["data"], "info": first["info"]}
+    keys = {"task_class": first["task_class"], "members": names, "data": shared[0], "info": first["info"]}
     return model_folder.write_config(folder, FOLDER, keys).parent
+
+
+def _shared_contract(config: dict) -> dict:
+    """A member's `data` without its own calibration: what the members must share."""
+    return {k: v for k, v in config.get("data", {}).items() if k != "calibration"}
 
 
 def load_ensemble(folder: str | Path) -> Classifier:

@@ -17,12 +17,30 @@ from omegaconf import DictConfig
 
 from tsformer import tracking
 from tsformer.data.sequences import LABEL_CODE, ClassificationData
-from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, made_by, metric_table, predict_usage
-from tsformer.jobs.classification.classifier import FOLDER, Classifier, classes_frame, save_classifier_folder
+from tsformer.jobs.base import (
+    TIME_FORMAT,
+    Fitted,
+    Param,
+    Prediction,
+    RunOutputs,
+    job_of_module,
+    made_by,
+    metric_table,
+    predict_usage,
+)
+from tsformer.jobs.classification import explain
+from tsformer.jobs.classification.calibration import calibrate
+from tsformer.jobs.classification.classifier import (
+    FOLDER,
+    Classifier,
+    classes_frame,
+    probabilities,
+    save_classifier_folder,
+)
 from tsformer.jobs.classification.ensemble import FOLDER as ENSEMBLE
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
-from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask
+from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask, score
 
 
 def data_filter(datamodule) -> bool:
@@ -33,6 +51,11 @@ def task_sizes(datamodule) -> dict:
     """What the classification task takes from its data."""
     counts = np.bincount(datamodule.labels("train"), minlength=datamodule.n_classes)
     return {"d_in": datamodule.d_in, "classes": datamodule.classes, "class_counts": counts.tolist()}
+
+
+def finish_task(task, datamodule, fitted: Fitted) -> None:
+    """The temperature of the probabilities, fitted without a test sample (`calibration.calibrate`)."""
+    calibrate(task, datamodule, fitted)
 
 
 def test_frame(task, datamodule) -> pd.DataFrame:
@@ -87,6 +110,22 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     tracking.log_figure(
         logger, reliability_figure(tested["true"], curves), "plots/reliability.png", beside_csv
     )
+    tracking.log_figure(logger, looked_at(task, datamodule), "plots/explanation.png", beside_csv)
+
+
+def looked_at(task, datamodule):
+    """The explanation figure (`explain.explanation_figure`) of the first `explain.PER_CLASS` test samples
+    of each predicted class."""
+    predicted = task.test_outputs["proba"].argmax(axis=1)  # (S,)
+    chosen = np.concatenate(
+        [np.flatnonzero(predicted == c)[: explain.PER_CLASS] for c in np.unique(predicted)]
+    )
+    samples = [np.asarray(datamodule.datasets["test"].samples[i]) for i in np.sort(chosen)]
+    n_classes = len(datamodule.classes)
+    found = explain.occlusion(
+        lambda xs: probabilities(task, xs, n_classes), samples, predicted[np.sort(chosen)]
+    )
+    return explain.explanation_figure(samples, found, datamodule.classes)
 
 
 def confusion_figure(true: np.ndarray, pred: np.ndarray, classes: list[str]):
@@ -146,14 +185,48 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
+EXPLAIN = Param(
+    "explain",
+    "also write each sample's 3 time ranges where other classes' values lower the predicted class's "
+    "log-odds most (range_<i>_start, range_<i>_end, range_<i>_score; occlusion, docs/classification.md)",
+    kind=bool,
+)
+
+
 def answer(model: Classifier, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
-    """The class and probabilities of each sequence (or stream window) of `table`."""
-    return model.predict(table, source=source, time_format=params["time_format"])
+    """The class and probabilities of each sequence (or stream window) of `table`; with `explain`, each
+    sample's top time ranges."""
+    return model.predict(table, source=source, time_format=params["time_format"], explain=params["explain"])
 
 
 def report(model: Classifier, classes: pd.DataFrame, written: list[Path]) -> str:
-    """What was predicted, in two lines."""
-    return f"{made_by(model)}: {len(classes)} samples, classes {model.classes}\nclasses CSV: {written[0]} ({len(classes)} rows)"
+    """What was predicted, how well where the table has its labels, and the file."""
+    lines = [f"{made_by(model)}: {len(classes)} samples, classes {model.classes}"]
+    lines += labelled_scores(classes, model)
+    lines.append(f"classes CSV: {written[0]} ({len(classes)} rows)")
+    return "\n".join(lines)
+
+
+def labelled_scores(frame: pd.DataFrame, model: Classifier) -> list[str]:
+    """Accuracy and log loss on the table's own labels, beside the majority class's (the training
+    samples' class shares as probabilities): what a user checks a model on a new labelled table by.
+    Nothing without labels; samples of a label the model does not know are left out, and counted."""
+    if frame.y_true.isna().all():
+        return []
+    known = frame.y_true.astype(str).isin(model.classes).to_numpy()
+    if not known.any():
+        return [f"no sample of the table has a label among the classes {model.classes}: nothing scored"]
+    truth = np.array([model.classes.index(y) for y in frame.y_true.astype(str)[known]])
+    proba = frame.loc[known, [f"p_{c}" for c in model.classes]].to_numpy(dtype=np.float64)  # (S, C)
+    scores = score(proba, truth, len(model.classes))
+    left_out = f", {int((~known).sum())} of unknown labels left out" if not known.all() else ""
+    line = f"on the table's labels ({int(known.sum())} samples{left_out}): accuracy {scores['accuracy']:.4f}"
+    shares = model.class_shares
+    if shares is None:
+        return [f"{line}, log loss {scores['log_loss']:.4f}"]
+    majority = score(np.tile(shares, (len(truth), 1)), truth, len(model.classes))
+    beside = f"(majority class {majority['log_loss']:.4f}: the training samples' class shares)"
+    return [f"{line} (majority class {majority['accuracy']:.4f}), log loss {scores['log_loss']:.4f} {beside}"]
 
 
 JOB = job_of_module(
@@ -163,6 +236,6 @@ JOB = job_of_module(
     name="classification",
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",
-    prediction=Prediction(answer, report),
+    prediction=Prediction(answer, report, params=(TIME_FORMAT, EXPLAIN)),
     usage=predict_usage("classify new data", "--output", "classes.csv"),
 )
