@@ -117,7 +117,8 @@ def test_predict_py_serve_and_pyfunc_give_the_same_calibrated_probabilities(tmp_
 
     assert predict_main([str(result.model_folder), str(test), "--output", str(tmp_path / "cli.csv")]) == 0
     cli = pd.read_csv(tmp_path / "cli.csv")
-    served = pd.DataFrame(json.loads(answer(Predictor.of_folder(result.model_folder), table, {}))["predictions"])
+    served_json = answer(Predictor.of_folder(result.model_folder), table, {})
+    served = pd.DataFrame(json.loads(served_json)["predictions"])
     with restore_env("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
         pyfunc = mlflow.pyfunc.load_model(f"runs:/{result.run_id}/model").predict(table)
@@ -134,13 +135,15 @@ def test_predict_py_serve_and_pyfunc_give_the_same_calibrated_probabilities(tmp_
 def test_older_folders_read_as_temperature_1_and_a_bad_temperature_is_refused_in_one_line(tmp_path):
     fixture = tmp_path / "model"
     shutil.copytree(REPO / "tests" / "fixtures" / "classifier_1", fixture)
-    assert Classifier.load(fixture).task.temperature == 1.0  # classifier-1 (-> 2 -> 3): before the calibration
+    # classifier-1 (-> 2 -> 3): a folder from before the calibration
+    assert Classifier.load(fixture).task.temperature == 1.0
     config = json.loads((fixture / "tsformer.json").read_text())
     config["format"] = FOLDER.format
     config["data"]["calibration"] = {"method": "temperature", "temperature": -2.0, "fitted_on": "validation",
                                      "n_samples": 5, "folds": 0}  # fmt: skip
     (fixture / "tsformer.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFolderError, match="data.calibration.temperature is -2.0, expected a number above 0"):
+    refused = "data.calibration.temperature is -2.0, expected a number above 0"
+    with pytest.raises(ModelFolderError, match=refused):
         Classifier.load(fixture)
     del config["data"]["calibration"]
     (fixture / "tsformer.json").write_text(json.dumps(config))
