@@ -37,6 +37,22 @@ def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_with():
     assert nll(logits, labels, found) < nll(logits, labels, 1.0)  # over-confident logits: T > 1 helps
 
 
+def test_samples_all_classified_right_never_sharpen_the_probabilities():
+    """Error-free samples' log loss falls as T shrinks: T stays at 1 (not the search's lower bound), while
+    the same logits with one error in ten are sharpened or softened as their log loss says."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, size=200)
+    logits = rng.normal(0, 0.3, size=(200, 3))
+    logits[np.arange(200), labels] += 2.0  # (S, C): every sample right, with modest confidence
+    assert (logits.argmax(axis=1) == labels).all()
+    assert nll(logits, labels, 0.2) < nll(logits, labels, 1.0)  # sharpening would "help" these samples
+    assert fit_temperature(logits, labels) == pytest.approx(1.0, abs=1e-3)
+    wrong = logits.copy()
+    wrong[::10] = wrong[::10, ::-1] * 4  # (S, C): one sample in ten confidently wrong
+    assert (wrong.argmax(axis=1) != labels).any()
+    assert fit_temperature(wrong, labels) > 1.0
+
+
 def test_stratified_folds_cover_every_sample_once_with_each_class_spread():
     labels = np.array([0] * 7 + [1] * 5 + [2] * 3)
     fold = stratified_folds(labels, 3, seed=0)
