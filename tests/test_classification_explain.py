@@ -80,3 +80,23 @@ def test_predict_explain_points_at_the_range_where_the_classes_live(tmp_path):
     overlaps = (right.range_1_start <= WHERE[1]) & (right.range_1_end >= WHERE[0])
     assert overlaps.all(), right[["series_id", "range_1_start", "range_1_end", "range_1_score"]]
     assert (right.range_1_score > 0).all()
+
+
+def test_occlusion_in_chunks_equals_all_at_once(monkeypatch):
+    """A table is occluded CHUNK samples at a time (memory); the scores are those of one pass."""
+    from tsformer.jobs.classification import explain
+
+    rng = np.random.default_rng(0)
+    samples = [rng.normal(size=(int(n), 2)) for n in rng.integers(8, 20, size=7)]
+    weights = rng.normal(size=(2, 3))
+
+    def proba(xs):  # (S, C): a fixed linear model over each sample's mean
+        logits = np.stack([x.mean(axis=0) @ weights for x in xs])
+        return np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+
+    whole = explain.occlusion(proba, samples)
+    monkeypatch.setattr(explain, "CHUNK", 3)
+    chunked = explain.occlusion(proba, samples)
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_allclose(a.drops, b.drops)
+        assert a.target == b.target

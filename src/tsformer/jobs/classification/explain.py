@@ -40,6 +40,7 @@ N_WINDOWS = 16  # a window is 1/16 of the sample's length
 TOP = 3  # ranges per sample that predict.py --explain writes
 PER_CLASS = 100  # test samples per class the run's figure averages (the first ones)
 REFERENCES = 4  # samples of other classes whose steps replace a window, in turn
+CHUNK = 256  # samples occluded at a time (a few hundred thousand copies at most)
 
 
 @dataclass
@@ -72,12 +73,23 @@ def occlusion(
     seed: int = 0,
 ) -> list[Occlusion]:
     """Occlusion scores of scaled samples `(T_i, D)` (module docstring); `proba(samples) -> (S, C)` is
-    the model's; `targets` `(S,)`: the class to follow per sample (None: the predicted one)."""
+    the model's; `targets` `(S,)`: the class to follow per sample (None: the predicted one). Samples are
+    occluded `CHUNK` at a time: a table's copies all at once would not fit in memory."""
     predicted = proba(samples).argmax(axis=1)  # (S,): whom a sample may borrow steps from
     targets = predicted if targets is None else np.asarray(targets)
     rng = np.random.default_rng(seed)
+    found = []
+    for lo in range(0, len(samples), CHUNK):
+        chunk = range(lo, min(lo + CHUNK, len(samples)))
+        found += _occlude(proba, samples, chunk, predicted, targets, references, rng)
+    return found
+
+
+def _occlude(proba, samples, chunk, predicted, targets, references, rng) -> list[Occlusion]:
+    """`occlusion` of the samples of `chunk` (indices into `samples`)."""
     copies, plans = [], []
-    for i, x in enumerate(samples):
+    for i in chunk:
+        x = samples[i]
         starts, width = windows(len(x))
         others = np.flatnonzero(predicted != targets[i])
         donors = rng.choice(others, min(references, len(others)), replace=False) if len(others) else [None]
@@ -91,10 +103,10 @@ def occlusion(
                     part = samples[donor][s : s + width]
                     changed[s : s + len(part)] = part
                 copies.append(changed)
-        plans.append((first, starts, width, len(donors)))
+        plans.append((i, first, starts, width, len(donors)))
     p = proba(copies)  # (sum of (1 + W_i * R_i), C)
     found = []
-    for i, (first, starts, width, n_donors) in enumerate(plans):
+    for i, first, starts, width, n_donors in plans:
         target = int(targets[i])
         odds = log_odds(p[first : first + 1 + len(starts) * n_donors], target)  # (1 + W * R,)
         drops = odds[0] - odds[1:].reshape(len(starts), n_donors).mean(axis=1)  # (W,)
