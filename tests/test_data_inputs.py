@@ -90,3 +90,56 @@ def test_logging_twice_records_each_table_once(tmp_path):
     log_datasets(logger, data, datamodule)  # as a resumed run does
     (logged,) = client.get_run(run_id).inputs.dataset_inputs
     assert (logged.dataset.name, logged.tags[0].value) == ("plant", "training")
+
+
+def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_not_an_error(tmp_path):
+    """Two runs started together log the same new table: the insert of the later one fails on MLflow's
+    unique key (seen with two train.py processes on one database); it links to the row the other made."""
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("x")
+    first, second = (client.create_run(experiment).info.run_id for _ in range(2))
+    cfg = compose_config([], tmp_path / "out")
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    datamodule = instantiate(cfg.data)
+    calls = []
+
+    class RacingClient:  # the other run's insert lands between this run's lookup and its insert
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def log_inputs(self, run_id, datasets):
+            calls.append(run_id)
+            if len(calls) == 1:
+                client.log_inputs(first, datasets=datasets)
+                raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.digest")
+            client.log_inputs(run_id, datasets=datasets)
+
+    log_datasets(SimpleNamespace(experiment=RacingClient(), run_id=second), data, datamodule)
+    assert calls == [second, second]
+    linked = [client.get_run(r).inputs.dataset_inputs for r in (first, second)]
+    assert [len(inputs) for inputs in linked] == [1, 1]
+    assert linked[0][0].dataset.digest == linked[1][0].dataset.digest
+
+
+def test_any_other_mlflow_error_of_logging_datasets_is_raised(tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    cfg = compose_config([], tmp_path / "out")
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def log_inputs(self, run_id, datasets):
+            raise MlflowException("database is locked")
+
+    with pytest.raises(MlflowException, match="database is locked"):
+        log_datasets(
+            SimpleNamespace(experiment=Failing(), run_id=run_id),
+            OmegaConf.to_container(cfg.data, resolve=True),
+            instantiate(cfg.data),
+        )

@@ -89,5 +89,16 @@ def log_datasets(logger, data_cfg: Mapping, datamodule) -> None:
     client, run_id = logger.experiment, logger.run_id
     logged = {(i.dataset.name, i.dataset.digest) for i in client.get_run(run_id).inputs.dataset_inputs}
     new = [i for i in data_inputs(data_cfg, datamodule) if (i.dataset.name, i.dataset.digest) not in logged]
-    if new:
+    if not new:
+        return
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_inputs(run_id, datasets=new)
+    except MlflowException as err:
+        # Runs started together on one database (a parallel sweep, two terminals) may insert the same
+        # new dataset at once: MLflow looks it up, finds none, and the later insert fails on the unique
+        # key. The dataset exists now: the second call links this run to it.
+        if "UNIQUE constraint failed: datasets" not in str(err):
+            raise
         client.log_inputs(run_id, datasets=new)
