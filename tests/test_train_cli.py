@@ -212,19 +212,36 @@ def train_py(cwd, overrides, env=None, run_dir="out") -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env or clean_env(), **pipes)
 
 
-def test_bad_settings_are_one_line_exit_2_and_no_mlflow_run(tmp_path):
-    procs = {}
-    for setting in BAD_SETTINGS:  # all at once: each stops before it reads data
-        (tmp_path / setting).mkdir()
+def test_each_bad_setting_is_a_user_error_naming_it_before_any_mlflow_run(in_tmp):
+    """What main() prints for each setting: the user error `run` raises, before any run or checkpoint.
+    (In-process: the process around it, exit 2 and one line, is the next test's and the bad data's.)"""
+    from tsformer.train import _user_error, compose_config, run
+
+    for setting, message in BAD_SETTINGS.items():
+        folder = in_tmp / setting
+        folder.mkdir()
         extra = ["data.test_fraction=0.5"] if setting.startswith("data.val_fraction") else []
-        procs[setting] = train_py(tmp_path / setting, [setting, *extra])
-    for setting, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 2, (setting, stderr[-3000:])
-        assert error_line(stderr).startswith(f"error: {BAD_SETTINGS[setting]}"), (setting, stderr)
-        assert "Traceback" not in stdout + stderr
-        assert not (tmp_path / setting / "mlflow.db").exists(), setting
-        assert not (tmp_path / setting / "out" / "checkpoints").exists(), setting
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(folder)
+            with pytest.raises(Exception) as raised:
+                run(compose_config([*TINY, setting, *extra], folder / "out"))
+        user_error = _user_error(raised.value)
+        assert user_error is not None, (setting, raised.value)
+        assert f"error: {user_error}".startswith(f"error: {message}"), (setting, str(user_error))
+        assert "\n" not in str(user_error), setting  # one line
+        assert not (folder / "mlflow.db").exists(), setting
+        assert not (folder / "out" / "checkpoints").exists(), setting
+
+
+def test_a_bad_setting_is_one_line_exit_2_and_no_mlflow_run(tmp_path):
+    setting = "model.net.n_heads=3"  # refused by the model itself: the deepest of BAD_SETTINGS
+    proc = train_py(tmp_path, [setting])
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, stderr[-3000:]
+    assert error_line(stderr).startswith(f"error: {BAD_SETTINGS[setting]}"), stderr
+    assert "Traceback" not in stdout + stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path):

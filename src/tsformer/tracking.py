@@ -281,11 +281,14 @@ def log_figure(logger: MLFlowLogger, fig, artifact_file: str, folder: Path | Non
     `folder`/`artifact_file` too when given (the run's output folder, beside its CSV)."""
     import matplotlib.pyplot as plt
 
-    logger.experiment.log_figure(logger.run_id, fig, artifact_file)
-    if folder is not None:
-        path = Path(folder) / artifact_file
+    # Drawn once, then the file logged: MLflow's own log_figure draws the figure again (a second
+    # layout pass, about as long as the first)
+    folder_in_artifact = artifact_file.rpartition("/")[0]
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(folder if folder is not None else scratch) / artifact_file
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)
+        logger.experiment.log_artifact(logger.run_id, str(path), folder_in_artifact or None)
     plt.close(fig)  # logged: no need to keep it (pyplot keeps every open figure alive)
 
 
