@@ -113,8 +113,12 @@ def future_table(origin: pd.Timestamp, horizon: int) -> pd.DataFrame:
     return df
 
 
-def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
+def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path, monkeypatch, capsys):
+    from tsformer.predict import main as predict_main
+
     folder, _ = two_runs
+    monkeypatch.chdir(folder)  # `predict.py <run id>` finds the run in ./mlflow.db, as from a shell there
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     runs = runs_in(folder)
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
     out_dirs = [Path(r.data.tags["output_dir"]) for r in runs]
@@ -139,12 +143,9 @@ def test_runs_started_together_own_their_folder_and_model(two_runs, tmp_path):
         horizon = int(own.step.max())
         future_table(origin, horizon).to_csv(tmp_path / "new.csv", index=False)
         result = tmp_path / f"{run.info.run_id}.csv"
-        cmd = [sys.executable, REPO / "predict.py", run.info.run_id, tmp_path / "new.csv", "-o", result]
-        cli = subprocess.run(
-            cmd, cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=300, check=False
-        )
-        assert cli.returncode == 0, cli.stderr[-3000:]
-        assert f"run {run.info.run_id}" in cli.stdout  # the logged model says which run wrote it
+        # predict.py's own code, in this process (the printed command runs as a process in the next test)
+        assert predict_main([run.info.run_id, str(tmp_path / "new.csv"), "-o", str(result)]) == 0
+        assert f"run {run.info.run_id}" in capsys.readouterr().out  # the logged model says which run wrote it
         logged = pd.read_csv(result, parse_dates=["origin_time", "target_time"])
         both = own.merge(logged, on=KEYS, suffixes=("_own", "_logged"))
         assert len(both) == len(logged) == 2 * horizon * len(TARGETS)
@@ -264,12 +265,15 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
     assert procs["full"].returncode == 1 and "Traceback" in stderr and "DataValidationError" in stderr
 
 
-def test_a_second_run_into_a_used_output_folder_is_refused(two_runs):
+def test_a_second_run_into_a_used_output_folder_is_refused(two_runs, monkeypatch):
+    from tsformer.train import _user_error, compose_config, run
+
     folder, _ = two_runs
     used = Path(runs_in(folder)[0].data.tags["output_dir"])
-    proc = train_py(folder, [], run_dir=used)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 2, stderr[-3000:]
-    line = error_line(stderr)
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(Exception) as raised:  # main() prints it as one line and exits 2 (tests above)
+        run(compose_config(TINY, used))
+    line = f"error: {_user_error(raised.value)}"
     assert line.startswith(f"error: output folder {used}") and f"resume={used}" in line
     assert len(runs_in(folder)) == 2
