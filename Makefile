@@ -23,13 +23,15 @@ $(VENV)/.installed: pyproject.toml setup.py
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
 # One worker process per core (at most 4), a test file per worker (its module fixtures train once):
 # the suite's runs are small and single-threaded (tests/conftest.py), so the cores share them.
+# Files are handed out in the order tests/conftest.py sets (the long ones first), not by their number
+# of tests (xdist's default, which left long files of few tests to the end).
 test: install
-	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile --no-loadscope-reorder
 
 # The unit tests alone (under a minute on 2 cores): no training run, no real data, no GPU, no Spark
 # (markers in pyproject.toml). Run it while working; `make test` before a commit.
 test-fast: install
-	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile \
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --dist=loadfile --no-loadscope-reorder \
 		-m "not slow and not needs_data and not gpu and not spark"
 
 LINT_PATHS := src tests benchmarks tools train.py predict.py

@@ -39,6 +39,15 @@ def pytest_runtest_setup(item):
             pytest.skip(f"real data not here: {missing[0]}")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixtures, which this keeps within a file
+def pytest_collection_modifyitems(config, items):
+    """The files with a test that trains or starts processes (`slow`) first, the quick ones after: xdist
+    (`--dist=loadfile`) hands a worker the next file when it frees up, so the quick files fill the end
+    and the workers finish together instead of one waiting on the other's last long file."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's order kept
+
+
 def checkout_files() -> set[str] | None:
     """The checkout's untracked and ignored files, one `git status` line each (the venv and Python's
     bytecode caches aside); None outside a git checkout (an unpacked source archive)."""
@@ -86,6 +95,7 @@ TINY = [
     "data.source.n_series=2",
     "data.source.n_steps=800",
     "n_plot_windows=2",
+    "figures=false",  # half a second each: the tests that look at figures ask for them (figures=true)
 ]
 
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import REPO, TINY_ANOMALY
+from conftest import TINY_ANOMALY
 from tsformer.data.anomaly import split_at
 from tsformer.data.plant_anomaly import CHANNELS, simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
@@ -36,7 +33,7 @@ def trained(request, tmp_path_factory):
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)  # mlflow's artifacts land here
-        cfg = compose_config([*TINY_ANOMALY, f"model={request.param}", f"logger.mlflow.tracking_uri={uri}"],
+        cfg = compose_config([*TINY_ANOMALY, f"model={request.param}", f"logger.mlflow.tracking_uri={uri}", "figures=true"],
                              folder / "out")  # fmt: skip
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
@@ -124,23 +121,22 @@ def test_the_summary_lists_events_incidents_and_the_alarm_rate_beside_its_target
     assert "loss" not in summary  # the forecast detector's loss is a negative log likelihood: not shown
 
 
-def predict(model, data, output, cwd):
-    return subprocess.run(
-        [sys.executable, str(REPO / "predict.py"), str(model), str(data), "--output", str(output)],
-        check=False, capture_output=True, text=True, cwd=cwd, env=os.environ | {"OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-
-
 def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys):
     result, _, _, _ = trained
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5)
     table.to_csv(tmp_path / "new.csv", index=False)
-    done = predict(result.model_folder, tmp_path / "new.csv", tmp_path / "scored.csv", tmp_path)
-    assert done.returncode == 0, done.stderr
+    # predict.py's code in this process (the contract runs predict.py as a process for both detectors)
+    assert (
+        predict_main(
+            [str(result.model_folder), str(tmp_path / "new.csv"), "-o", str(tmp_path / "scored.csv")]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
     model = AnomalyModel.load(result.model_folder)
     rows, events, _ = model.judge(table)
     expected = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
-    assert done.stdout.splitlines()[: len(expected)] == expected  # the same report as the run's summary
+    assert printed.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]
     np.testing.assert_allclose(scored["score"], expected["score"], rtol=1e-6)
@@ -161,7 +157,7 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
         "empty": (holed, "column 'dynamic_pressure', row 11 (counted from 0): empty"),
         "labels": (labels, "column 'label' (data.label_col), row 3 (counted from 0): 7; labels must be 0"),
     }
-    for name, (bad, message) in cases.items():  # in this process: predict.py's process ran above
+    for name, (bad, message) in cases.items():
         bad.to_csv(tmp_path / f"{name}.csv", index=False)
         args = [
             str(result.model_folder),

@@ -47,7 +47,9 @@ def logged(tmp_path_factory):
     try:
         os.chdir(folder)
         with contextlib.redirect_stdout(io.StringIO()) as printed:
-            result = run(compose_config([*TINY, "model_registry.name=tiny-logged"], folder / "out"))
+            result = run(
+                compose_config([*TINY, "model_registry.name=tiny-logged", "figures=true"], folder / "out")
+            )
         (folder / "summary.txt").write_text(printed.getvalue())
     finally:
         os.chdir(old)

@@ -32,7 +32,7 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
 
 @pytest.mark.slow
 def test_train_py_dec_only_student_t(in_tmp):
-    overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY]
+    overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY, "figures=true"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
         cwd=in_tmp,

@@ -87,7 +87,7 @@ def tracking_server(tmp_path):
 @pytest.mark.slow
 def test_run_logs_to_a_tracking_server(tracking_server, in_tmp):
     uri, artifacts = tracking_server
-    result = run(compose_config([*TINY, f"logger.mlflow.tracking_uri={uri}"], in_tmp / "out"))
+    result = run(compose_config([*TINY, f"logger.mlflow.tracking_uri={uri}", "figures=true"], in_tmp / "out"))
 
     client = MlflowClient(uri)
     run_ = client.get_run(result.run_id)

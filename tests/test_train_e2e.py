@@ -1,4 +1,4 @@
-"""End to end: `python train.py model=<family>` in an empty folder, tiny settings.
+"""End to end: the run `python train.py model=<family>` makes, in an empty folder, tiny settings.
 
 Checks what a user gets: a FINISHED MLflow run in ./mlflow.db with params, metrics beside the
 baseline, plots, checkpoint, scalers and the forecasts CSV, whose rows are exactly windows x steps x
@@ -8,8 +8,6 @@ variables, in original units, with target times consistent with origin and step.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -17,7 +15,7 @@ import pytest
 from hydra.utils import get_class, instantiate
 from mlflow import MlflowClient
 
-from conftest import REPO, TINY
+from conftest import TINY
 from tsformer.jobs.forecasting.job import WINDOW_MSE
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config
@@ -25,8 +23,8 @@ from tsformer.train import compose_config
 # every test here trains through train.py (or reads a module fixture that does)
 pytestmark = pytest.mark.slow
 
-# train.py as a process: a reconstruction and a forecast (every family trains in-process in the contract
-# tests, tests/contract.py, with its run named, tagged and logged)
+# a reconstruction and a forecast, in this process: tests/test_readme.py runs these train.py lines (and
+# dec_only) as processes, and every family trains in the contract tests (tests/contract.py)
 FAMILIES = ["enc_only", "enc_dec"]
 JOB_OF = {"enc_only": "reconstruction", "enc_dec": "forecasting"}
 METRICS = [
@@ -44,16 +42,13 @@ METRICS = [
 ]
 
 
-def run_train(cwd, overrides):
-    cmd = [sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out"]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_train_py_end_to_end(family, in_tmp):
-    overrides = [f"model={family}", *TINY]
-    proc = run_train(in_tmp, overrides)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_train_py_end_to_end(family, in_tmp, capsys):
+    from tsformer.train import run
+
+    overrides = [f"model={family}", *TINY, "figures=true"]
+    run(compose_config(overrides, in_tmp / "out"))
+    printed = capsys.readouterr().out
 
     client = MlflowClient(f"sqlite:///{in_tmp}/mlflow.db")
     (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
@@ -85,7 +80,7 @@ def test_train_py_end_to_end(family, in_tmp):
         assert path in artifacts, (path, artifacts)
 
     # the summary names the run and the CSV
-    assert run.info.run_id in proc.stdout and "forecasts CSV:" in proc.stdout
+    assert run.info.run_id in printed and "forecasts CSV:" in printed
 
     csv = pd.read_csv(in_tmp / "out" / "forecasts.csv", parse_dates=["origin_time", "target_time"])
     assert list(csv.columns) == [
@@ -127,7 +122,10 @@ def test_runs_from_two_folders_in_one_process_log_to_their_own_database(in_tmp, 
     for name in ("first", "second"):
         client = MlflowClient(f"sqlite:///{in_tmp / name}/mlflow.db")
         (experiment,) = [e for e in client.search_experiments() if e.name == "tsformer"]
-        assert len(client.search_runs([experiment.experiment_id])) == 1, name
+        (run_,) = client.search_runs([experiment.experiment_id])
+        # TINY's figures=false: none drawn, none logged
+        assert not client.list_artifacts(run_.info.run_id, "plots"), name
+        assert not (in_tmp / name / "out" / "plots").exists(), name
 
 
 def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp, monkeypatch):
@@ -136,7 +134,7 @@ def test_forecasts_file_null_writes_no_csv_and_still_counts_every_window(in_tmp,
     from tsformer.train import run
 
     monkeypatch.chdir(in_tmp)
-    overrides = ["model=enc_dec", *TINY, "forecasts_file=null"]
+    overrides = ["model=enc_dec", *TINY, "forecasts_file=null", "figures=true"]
     result = run(compose_config(overrides, in_tmp / "out"))
     assert result.csv_path is None and result.forecasts is None
     assert not list((in_tmp / "out").glob("*.csv"))

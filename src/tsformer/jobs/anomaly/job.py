@@ -127,7 +127,8 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
         logger.experiment.log_metric(logger.run_id, name, value)
     tracking.log_files(logger, [(outputs.logged_under, outputs.details["events_path"])])
     beside_csv = Path(cfg.paths.output_dir)
-    for path, figure in figures(outputs.forecasts, outputs.details["scores"]).items():
+    drawn = figures(outputs.forecasts, outputs.details["scores"]) if cfg.get("figures", True) else {}
+    for path, figure in drawn.items():
         tracking.log_figure(logger, figure, path, beside_csv)
 
 

@@ -102,6 +102,8 @@ def example_table(datamodule, n: int = 3) -> pd.DataFrame:
 def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
     """The number of test samples, the confusion matrix and the reliability diagram."""
     logger.experiment.log_metric(logger.run_id, "test/n_samples", len(outputs.forecasts))
+    if not cfg.get("figures", True):
+        return
     tested, classes = task.test_outputs, datamodule.classes
     figure = confusion_figure(tested["true"], tested["proba"].argmax(axis=1), classes)
     beside_csv = Path(cfg.paths.output_dir)  # the figures in the run's output folder too

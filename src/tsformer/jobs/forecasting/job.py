@@ -128,7 +128,8 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     client.log_metric(run_id, "test/n_windows", len(tested["pred"]))
     window_mse = datamodule.window_info("test").assign(mse=_window_mse(tested))
     client.log_text(run_id, window_mse.to_csv(index=False), WINDOW_MSE)
-    _log_figures(logger, cfg, task, datamodule)
+    if cfg.get("figures", True):
+        _log_figures(logger, cfg, task, datamodule)
 
 
 def _log_figures(logger, cfg: DictConfig, task, datamodule) -> None:
