@@ -4,9 +4,6 @@ of the error-quantile baseline, the fan chart; the baseline's quantiles are its 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 
-from conftest import REPO, TINY
+from conftest import TINY
 from tsformer.jobs.forecasting.forecaster import Forecaster, example_table
 from tsformer.tasks.baselines import ErrorQuantiles, Persistence
 from tsformer.train import compose_config, run
@@ -31,18 +28,11 @@ def check_quantile_columns(frame: pd.DataFrame, levels=("q0.1", "q0.5", "q0.9"))
 
 
 @pytest.mark.slow
-def test_train_py_dec_only_student_t(in_tmp):
+def test_train_py_dec_only_student_t(in_tmp, capsys):
     overrides = ["model=dec_only", "head=student_t", "model.head.num_samples=20", *TINY, "figures=true"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *overrides, "hydra.run.dir=out", "paths_file=paths.parquet"],
-        cwd=in_tmp,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "coverage_80" in proc.stdout  # the summary prints the probabilistic metrics
+    # train.py's run in this process (tests/test_readme.py runs train.py lines as processes)
+    run(compose_config([*overrides, "paths_file=paths.parquet"], in_tmp / "out"))
+    assert "coverage_80" in capsys.readouterr().out  # the summary prints the probabilistic metrics
 
     client = MlflowClient(f"sqlite:///{in_tmp}/mlflow.db")
     (run_,) = client.search_runs([client.get_experiment_by_name("tsformer").experiment_id])
