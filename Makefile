@@ -21,8 +21,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
-# One worker process per core (at most 4), a test file per worker (its module fixtures train once):
-# the suite's runs are small and single-threaded (tests/conftest.py), so the cores share them.
+# A worker process per core and one more (at most 4; tests/conftest.py), a test file per worker (its
+# module fixtures train once): the suite's runs are small and single-threaded, so the cores share them.
 # Files are handed out in the order tests/conftest.py sets (the long ones first), not by their number
 # of tests (xdist's default, which left long files of few tests to the end).
 test: install
