@@ -49,7 +49,7 @@ def pytest_runtest_setup(item):
 def pytest_xdist_auto_num_workers(config):
     """`--numprocesses=auto` (make test): a worker more than the cores (the Makefile caps them at 4).
     Many tests wait on a process, a server or a Spark session, and the extra worker fills those waits:
-    on 2 cores, 3 workers took 6:35 where 2 took 6:57 (the same tree, one machine)."""
+    on 2 cores, 3 workers took 6:38 where 2 took 6:57 (the same tree, one quiet machine)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
 
