@@ -213,23 +213,28 @@ def train_py(cwd, overrides, env=None, run_dir="out") -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env or clean_env(), **pipes)
 
 
-def test_each_bad_setting_is_a_user_error_naming_it_before_any_mlflow_run(in_tmp):
-    """What main() prints for each setting: the user error `run` raises, before any run or checkpoint.
-    (In-process: the process around it, exit 2 and one line, is the next test's and the bad data's.)"""
+def refusal_in_process(overrides: list[str], output_dir: Path) -> str:
+    """The user error train's `run` raises for `overrides`, as the text main() prints after `error: `
+    (in this process: the process around it, exit 2 and one line, is tested with a process below)."""
     from tsformer.train import _user_error, compose_config, run
 
+    with pytest.raises(Exception) as raised:
+        run(compose_config(overrides, output_dir))
+    user_error = _user_error(raised.value)
+    assert user_error is not None, raised.value
+    return str(user_error)
+
+
+def test_each_bad_setting_is_a_user_error_naming_it_before_any_mlflow_run(in_tmp):
     for setting, message in BAD_SETTINGS.items():
         folder = in_tmp / setting
         folder.mkdir()
         extra = ["data.test_fraction=0.5"] if setting.startswith("data.val_fraction") else []
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(folder)
-            with pytest.raises(Exception) as raised:
-                run(compose_config([*TINY, setting, *extra], folder / "out"))
-        user_error = _user_error(raised.value)
-        assert user_error is not None, (setting, raised.value)
-        assert f"error: {user_error}".startswith(f"error: {message}"), (setting, str(user_error))
-        assert "\n" not in str(user_error), setting  # one line
+            refusal = refusal_in_process([*TINY, setting, *extra], folder / "out")
+        assert refusal.startswith(message), (setting, refusal)
+        assert "\n" not in refusal, setting  # one line
         assert not (folder / "mlflow.db").exists(), setting
         assert not (folder / "out" / "checkpoints").exists(), setting
 
@@ -266,14 +271,10 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
 
 
 def test_a_second_run_into_a_used_output_folder_is_refused(two_runs, monkeypatch):
-    from tsformer.train import _user_error, compose_config, run
-
     folder, _ = two_runs
     used = Path(runs_in(folder)[0].data.tags["output_dir"])
     monkeypatch.chdir(folder)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with pytest.raises(Exception) as raised:  # main() prints it as one line and exits 2 (tests above)
-        run(compose_config(TINY, used))
-    line = f"error: {_user_error(raised.value)}"
-    assert line.startswith(f"error: output folder {used}") and f"resume={used}" in line
+    refusal = refusal_in_process(TINY, used)
+    assert refusal.startswith(f"output folder {used}") and f"resume={used}" in refusal
     assert len(runs_in(folder)) == 2
