@@ -92,6 +92,18 @@ def test_logging_twice_records_each_table_once(tmp_path):
     assert (logged.dataset.name, logged.tags[0].value) == ("plant", "training")
 
 
+def logger_whose_log_inputs(client, run_id: str, log_inputs):
+    """A run's logger (`experiment`, `run_id`) whose MLflow client is `client` but for its `log_inputs`."""
+
+    class Client:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+    patched = Client()
+    patched.log_inputs = log_inputs
+    return SimpleNamespace(experiment=patched, run_id=run_id)
+
+
 def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_not_an_error(tmp_path):
     """Two runs started together log the same new table: the insert of the later one fails on MLflow's
     unique key (seen with two train.py processes on one database); it links to the row the other made."""
@@ -105,18 +117,14 @@ def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_not_an_erro
     datamodule = instantiate(cfg.data)
     calls = []
 
-    class RacingClient:  # the other run's insert lands between this run's lookup and its insert
-        def __getattr__(self, name):
-            return getattr(client, name)
+    def racing(run_id, datasets):  # the other run's insert lands between this run's lookup and its insert
+        calls.append(run_id)
+        if len(calls) == 1:
+            client.log_inputs(first, datasets=datasets)
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.digest")
+        client.log_inputs(run_id, datasets=datasets)
 
-        def log_inputs(self, run_id, datasets):
-            calls.append(run_id)
-            if len(calls) == 1:
-                client.log_inputs(first, datasets=datasets)
-                raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.digest")
-            client.log_inputs(run_id, datasets=datasets)
-
-    log_datasets(SimpleNamespace(experiment=RacingClient(), run_id=second), data, datamodule)
+    log_datasets(logger_whose_log_inputs(client, second, racing), data, datamodule)
     assert calls == [second, second]
     linked = [client.get_run(r).inputs.dataset_inputs for r in (first, second)]
     assert [len(inputs) for inputs in linked] == [1, 1]
@@ -130,16 +138,12 @@ def test_any_other_mlflow_error_of_logging_datasets_is_raised(tmp_path):
     run_id = client.create_run(client.create_experiment("x")).info.run_id
     cfg = compose_config([], tmp_path / "out")
 
-    class Failing:
-        def __getattr__(self, name):
-            return getattr(client, name)
-
-        def log_inputs(self, run_id, datasets):
-            raise MlflowException("database is locked")
+    def failing(run_id, datasets):
+        raise MlflowException("database is locked")
 
     with pytest.raises(MlflowException, match="database is locked"):
         log_datasets(
-            SimpleNamespace(experiment=Failing(), run_id=run_id),
+            logger_whose_log_inputs(client, run_id, failing),
             OmegaConf.to_container(cfg.data, resolve=True),
             instantiate(cfg.data),
         )
