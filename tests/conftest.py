@@ -5,8 +5,8 @@ Test tiers (markers registered in pyproject.toml): `slow` trains (train.py's run
 predict.py process, a notebook, DDP, a sweep), `needs_data` reads the real data sets of ../shared/data,
 `gpu` needs CUDA. `make test-fast` leaves out all three; `make test` runs everything.
 
-`make test` stays under 8 minutes on 2 cores by what a test pays for: a train.py or predict.py process costs
-about 5 s of imports before it does anything, and a run's figures half a second each. So the entry
+`make test` stays under 8 minutes on 2 cores by what a test pays for: a train.py or predict.py process
+imports torch, Lightning and MLflow before it does anything, and drawing a run's figures is slow. So the entry
 points run as processes where the process is what is tested (the README's commands, the contract's
 printed command and tsformer-serve, signals, DDP, sweeps, runs started together); elsewhere a test calls
 train's `run` or predict's `main` in its own process, and TINY runs draw no figures (figures=true where
@@ -48,8 +48,7 @@ def pytest_runtest_setup(item):
 
 def pytest_xdist_auto_num_workers(config):
     """`--numprocesses=auto` (make test): a worker more than the cores (the Makefile caps them at 4).
-    Many tests wait on a process, a server or a Spark session, and the extra worker fills those waits:
-    on 2 cores, 3 workers took 6:38 where 2 took 6:57 (the same tree, one quiet machine)."""
+    Many tests wait on a process, a server or a Spark session, and the extra worker fills those waits."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
 
@@ -110,7 +109,7 @@ TINY = [
     "data.source.n_series=2",
     "data.source.n_steps=800",
     "n_plot_windows=2",
-    "figures=false",  # half a second each: the tests that look at figures ask for them (figures=true)
+    "figures=false",  # drawing is slow: the tests that look at figures ask for them (figures=true)
 ]
 
 

@@ -68,7 +68,7 @@ def _plant(task: str, *extra: str):
 
 
 # the detectors' runs read no label: the contract is about answering; the metrics beside the baselines
-# (TSB-AD's VUS of 7 scores on 4 series, about 12 s a run) are tests/test_anomaly_job.py's
+# (TSB-AD's VUS of every score on every series, the slow part of a labelled run) are test_anomaly_job's
 TINY_UNLABELLED = [*TINY_ANOMALY, "data.label_col=null"]
 FORECASTERS = "tsformer.tasks.forecasting."
 # task class (module.qualname as the model folder names it) -> the overrides of a tiny run in a folder

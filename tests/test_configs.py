@@ -132,7 +132,7 @@ def test_each_head_with_each_model(model, head, in_tmp):
     "data", marked([d for d in options("data") if d != "csv"], REAL_DATA, pytest.mark.needs_data)
 )
 def test_each_model_with_each_data_set(model, data, in_tmp):
-    # one test batch is forecast: 8 windows (the real data sets' own batch of 256 took seconds)
+    # one test batch is forecast: 8 windows are enough (the real data sets' own batch is 256)
     cfg = compose_small([f"model={model}", f"data={data}", "data.eval_batch_size=8"], in_tmp / "out")
     if (model, data) == ("enc_only", "ett"):  # ETT has no covariates: nothing to rebuild the states from
         with pytest.raises(Exception, match="state reconstruction needs input columns"):

@@ -43,7 +43,7 @@ RUNS = {
         "data.source.n_steps=300",
         f"data.context_len={WINDOW}",
     ],
-    # no label read: the fleet takes the folder; the metrics beside the baselines cost seconds a run
+    # no label read: the fleet takes the folder, and the metrics beside the baselines are slow
     "anomaly": [*TINY_ANOMALY, "trainer.limit_train_batches=5", "data.label_col=null"],
 }
 
