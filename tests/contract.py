@@ -24,15 +24,20 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
+import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
+from tsformer import tracking
+from tsformer.callbacks import MLflowRun
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
 from tsformer.predict import main as predict_main
@@ -125,6 +130,10 @@ class Trained:
     summary: str  # what the run printed
     folder: Path  # the folder it ran in
     uri: str  # its tracking URI
+    logged: (
+        tuple  # what the run's MLflow callback logged its outputs with: (job, cfg, task, datamodule, outputs)
+    )
+    figures_logged: list[str]  # the figures the run logged (TINY's figures=false: none)
 
 
 def trained_fixture(tasks: list[str]):
@@ -135,13 +144,26 @@ def trained_fixture(tasks: list[str]):
         task = request.param
         folder = tmp_path_factory.mktemp(task.rpartition(".")[2])
         uri = f"sqlite:///{folder}/mlflow.db"
+        logged, figures_logged = [], []
+        log_outputs, log_figure = MLflowRun.log_outputs, tracking.log_figure
+
+        def recorded_log_outputs(recorder, job, task, datamodule, outputs, best_ckpt):
+            logged.append((job, recorder.cfg, task, datamodule, outputs))
+            return log_outputs(recorder, job, task, datamodule, outputs, best_ckpt)
+
+        def recorded_log_figure(logger, fig, artifact_file, folder=None):
+            figures_logged.append(artifact_file)
+            return log_figure(logger, fig, artifact_file, folder)
+
         with pytest.MonkeyPatch.context() as mp:  # MLflow's artifacts go to ./mlruns: the run's folder
             mp.chdir(folder)
+            mp.setattr(MLflowRun, "log_outputs", recorded_log_outputs)
+            mp.setattr(tracking, "log_figure", recorded_log_figure)
             cfg = compose_config([*RUNS[task](folder), f"logger.mlflow.tracking_uri={uri}"], folder / "out")
             with contextlib.redirect_stdout(io.StringIO()) as printed:
                 result = run(cfg)
         job = job_of_folder(result.model_folder)
-        return Trained(task, job, result, printed.getvalue(), folder, uri)
+        return Trained(task, job, result, printed.getvalue(), folder, uri, logged[0], figures_logged)
 
     return trained
 
@@ -332,6 +354,27 @@ def test_the_run_is_named_and_tagged_after_its_job_and_writes_its_model_folder(t
     assert f"{sys.executable} -m mlflow ui --backend-store-uri {uri}" in summary
     assert f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{result.run_id}" in summary
     assert f"model folder: {result.model_folder.resolve()}" in summary
+
+
+def test_a_job_s_figures_come_only_through_its_figures_member_and_none_when_figures_is_false(trained):
+    """TINY's figures=false: the run drew and logged none (no file, no artifact). With figures=true the
+    job's `figures` answers {"plots/<name>.png": figure}, and its `log_outputs` draws none itself (the
+    run's MLflow callback logs what `figures` answers: a new job cannot forget the setting)."""
+    job, cfg, task, datamodule, outputs = trained.logged
+    assert cfg.figures is False and trained.figures_logged == []
+    assert not list(Path(cfg.paths.output_dir).rglob("*.png"))
+    assert not MlflowClient(trained.uri).list_artifacts(trained.result.run_id, "plots")
+    plt.close("all")
+    logger = mock.MagicMock()  # the MLflow client's calls, answered and recorded
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tracking, "log_figure", mock.Mock(side_effect=AssertionError("a job logged a figure")))
+        job.log_outputs(logger, cfg, task, datamodule, outputs)
+    assert plt.get_fignums() == [], "log_outputs drew a figure"
+    drawn = job.figures(cfg, task, datamodule, outputs)
+    assert all(name.startswith("plots/") and name.endswith(".png") for name in drawn), list(drawn)
+    assert all(isinstance(figure, Figure) for figure in drawn.values())
+    assert not logger.experiment.log_figure.called and not logger.experiment.log_image.called
+    plt.close("all")
 
 
 def test_the_printed_command_runs_from_another_folder_with_a_bare_path(trained, answers):

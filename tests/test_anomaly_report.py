@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tsformer.jobs.anomaly.report import evaluate, figures, incidents_table, report_lines
+from tsformer.jobs.anomaly.report import evaluate, incidents_table, report_lines, score_figures
 from tsformer.tasks.anomaly import Scores
 
 
@@ -74,7 +74,7 @@ def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target(
 
 def test_the_figures_put_time_on_x_name_the_events_and_keep_incidents_above_them():
     rows, _, scores = judged()
-    fig = figures(rows, scores)["plots/anomaly_scores.png"]
+    fig = score_figures(rows, scores)["plots/anomaly_scores.png"]
     ax = fig.axes[0]
     assert ax.get_xlabel() == "time" and ax.get_ylabel() == "anomaly score"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
 from tsformer.data_inputs import log_datasets
+from tsformer.serving.pyfunc_logging import log_pyfunc_model
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class MLflowRun(Callback):
 
     def log_outputs(self, job, task, datamodule, outputs, best_ckpt: str) -> None:
         """Log the run's outputs (`jobs.RunOutputs`: its CSV and paths; the best checkpoint, the job's
-        own metrics and figures, and its model) and end the run FINISHED (no MLflow run: nothing)."""
+        own metrics, its figures where `figures` is true, and its model) and end the run FINISHED (no
+        MLflow run: nothing)."""
         if not self.opened:
             return
         files = [(outputs.logged_under, f) for f in (outputs.csv_path, outputs.paths_path) if f is not None]
@@ -94,11 +96,15 @@ class MLflowRun(Callback):
             files.append(("checkpoints", Path(best_ckpt)))
         tracking.log_files(self.logger, files)
         job.log_outputs(self.logger, self.cfg, task, datamodule, outputs)
+        if self.cfg.get("figures", True):  # figures=false: none drawn (sweeps, benchmarks)
+            beside_csv = Path(self.cfg.paths.output_dir)  # in MLflow, and in the run's output folder
+            for name, figure in job.figures(self.cfg, task, datamodule, outputs).items():
+                tracking.log_figure(self.logger, figure, name, beside_csv)
         if outputs.example is None:  # no pyfunc model: the folder as the run's artifacts `model`
             self.logger.experiment.log_artifacts(self.logger.run_id, str(outputs.model_folder), "model")
         else:
             registry_name = (self.cfg.get("model_registry") or {}).get("name")
-            tracking.log_pyfunc_model(
+            log_pyfunc_model(
                 self.logger,
                 outputs.model_folder,
                 outputs.example,

@@ -43,6 +43,10 @@ def _nothing(*args) -> None:
     return None
 
 
+def _no_figures(*args) -> dict:
+    return {}
+
+
 @dataclass(frozen=True)
 class Param:
     """An option of a use of a model: predict.py's `--<name>` (dashes for underscores), a key of the
@@ -119,7 +123,8 @@ class Job:
     Training (`train.run`) calls, in this order: `takes_data`, `task_sizes` (what the task's constructor
     takes from the data), `prepare_task` (after it is built), `finish_task` (after the fit, before the
     test: a classifier fits its probabilities' temperature), `write_outputs` (after the test),
-    `log_outputs` (its figures and metrics, in the run's MLflow run) and `summary_lines`. predict.py,
+    `log_outputs` (its metrics and files, in the run's MLflow run), `figures` (drawn and logged by the
+    run's MLflow callback only when the setting `figures` is true) and `summary_lines`. predict.py,
     tsformer-serve and the pyfunc model load its folder by its kind (`folders`), then call
     `prediction.answer` (through `serving.predictor.Predictor`). The fields are plain functions, so that a job is a module with a
     `JOB` (`job_of_module`: the module's functions of these names).
@@ -141,6 +146,9 @@ class Job:
     prepare_task: Callable[[Any, Any], None] = _nothing  # task, datamodule
     finish_task: Callable[[Any, Any, Fitted], None] = _nothing  # task, datamodule, the fit
     data_filter: Callable[[Any], bool] = lambda datamodule: True  # what else its data module must be
+    # cfg, task, datamodule, outputs -> {artifact file ("plots/x.png"): matplotlib figure}: the run's
+    # figures, which `callbacks.MLflowRun` draws and logs only when `figures` is true (a job never logs one)
+    figures: Callable[[DictConfig, Any, Any, RunOutputs], dict] = _no_figures
 
     def takes_data(self, datamodule) -> bool:
         """Whether a set-up data module feeds it: one of `data_class`, passing `data_filter`."""
@@ -149,12 +157,12 @@ class Job:
 
 # the fields of `Job` a job module defines as functions of these names (`job_of_module`)
 FUNCTIONS = ("data_filter", "task_sizes", "prepare_task", "finish_task", "write_outputs", "log_outputs")
-FUNCTIONS += ("summary_lines",)
+FUNCTIONS += ("summary_lines", "figures")
 
 
 def job_of_module(module_name: str, **fields) -> Job:
     """The `Job` whose functions are the module's of the fields' names (`FUNCTIONS`; `data_filter`,
-    `prepare_task` and `finish_task` may be left out), with the other `fields` given."""
+    `prepare_task`, `finish_task` and `figures` may be left out), with the other `fields` given."""
     module = sys.modules[module_name]
     return Job(**{name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}, **fields)
 

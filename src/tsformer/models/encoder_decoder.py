@@ -36,8 +36,8 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.conv_embedding import StridedTokens, build_embedding, token_grid
-from tsformer.nn.embedding import InputProjection
+from tsformer.nn.conv_embedding import StridedTokens
+from tsformer.nn.embedding import InputProjection, build_embedding, token_grid
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, step_positions, token_features

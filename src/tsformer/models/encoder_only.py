@@ -34,7 +34,8 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
-from tsformer.nn.conv_embedding import StridedTokens, build_embedding, token_grid
+from tsformer.nn.conv_embedding import StridedTokens
+from tsformer.nn.embedding import build_embedding, token_grid
 from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
 from tsformer.nn.positional import build_positional

@@ -22,8 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EMBEDDINGS = ("linear", "conv", "multiscale")
-
 
 def same_padding(h: torch.Tensor, kernel: int) -> torch.Tensor:
     """`(B, C, T)` with the zeros a 'same' convolution of `kernel` reads past each end: (k - 1) // 2
@@ -111,35 +109,3 @@ class ConvEmbedding(StridedTokens):
 
     def extra_repr(self) -> str:
         return f"kernels={self.kernels}, stride={self.stride}"
-
-
-def token_grid(patching, embedding):
-    """What places the tokens on the time axis: the patches, a strided convolutional embedding, or None
-    (one token per step); `tsformer.nn.patching`'s helpers take either."""
-    if patching is not None:
-        return patching
-    return embedding if isinstance(embedding, StridedTokens) else None
-
-
-def build_embedding(cfg, d_token: int, patching=None) -> nn.Module:
-    """The input embedding of an encoder: `InputProjection` (`model.net.embedding=linear`) of each step or
-    patch, `ConvEmbedding` (`conv`) or `MultiScaleEmbedding` (`multiscale`) of the steps; a convolution
-    reads steps, so it takes no patches."""
-    from tsformer.nn.embedding import InputProjection
-    from tsformer.nn.multiscale_embedding import MultiScaleEmbedding
-
-    if cfg.embedding not in EMBEDDINGS:
-        raise ValueError(f"unknown model.net.embedding {cfg.embedding!r}; choose one of {EMBEDDINGS}")
-    if cfg.embedding == "linear":
-        return InputProjection(d_token, cfg.d_model)
-    if patching is not None:
-        raise ValueError(
-            f"model.net.embedding={cfg.embedding} reads steps, not patches: set model.patch_len=null "
-            "(model.net.conv_stride gives one token per stride of steps)"
-        )
-    if cfg.embedding == "multiscale":
-        return MultiScaleEmbedding(
-            d_token, cfg.d_model, cfg.multiscale_kernels, cfg.conv_stride, cfg.multiscale_modules,
-            cfg.multiscale_bottleneck,
-        )  # fmt: skip
-    return ConvEmbedding(d_token, cfg.d_model, cfg.conv_kernels, cfg.conv_stride)

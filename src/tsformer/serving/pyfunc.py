@@ -12,7 +12,7 @@ run's model folder, logged beside it as the artifact `model_folder`, and the tsf
 
 It answers as predict.py and tsformer-serve do, through the folder's `Predictor` (`serving.predictor`):
 `table` is laid out as for `python predict.py`, `params` are the options of the model's job. The
-logging side is `tracking.log_pyfunc_model`.
+logging side is `serving.pyfunc_logging.log_pyfunc_model`.
 """
 
 import mlflow

@@ -27,7 +27,7 @@ from tsformer.data.schema import read_times
 from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
 from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
-from tsformer.jobs.anomaly.report import evaluate, figures, report_lines
+from tsformer.jobs.anomaly.report import evaluate, report_lines, score_figures
 from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -122,14 +122,15 @@ def example_table(datamodule, windows: int = 2) -> pd.DataFrame:
 
 
 def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
-    """The alarms' metrics, the events table and the two figures."""
+    """The alarms' metrics and the events table."""
     for name, value in outputs.metrics.items():
         logger.experiment.log_metric(logger.run_id, name, value)
     tracking.log_files(logger, [(outputs.logged_under, outputs.details["events_path"])])
-    beside_csv = Path(cfg.paths.output_dir)
-    drawn = figures(outputs.forecasts, outputs.details["scores"]) if cfg.get("figures", True) else {}
-    for path, figure in drawn.items():
-        tracking.log_figure(logger, figure, path, beside_csv)
+
+
+def figures(cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> dict:
+    """Per series, the score over time with the threshold and the events (`report.score_figures`)."""
+    return score_figures(outputs.forecasts, outputs.details["scores"])
 
 
 def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutputs) -> list[str]:

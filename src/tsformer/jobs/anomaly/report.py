@@ -8,7 +8,7 @@ evaluation against labels.
   missed (its peak score over the threshold), and the normal rows' alarm rate beside its target
   (`model.false_alarm_rate`).
 - `evaluate`: the same figures as numbers (`test/...` metrics of the run).
-- `figures`: per series, the score over time with the threshold, each event as a band named in the
+- `score_figures`: per series, the score over time with the threshold, each event as a band named in the
   legend (a short one widened to stay visible) and the labelled incidents drawn above the bands; and
   the channel-by-time map of the contributions.
 """
@@ -180,7 +180,7 @@ def _spans(flags: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str, object]:
+def score_figures(rows: pd.DataFrame, scores: Scores, max_series: int = 4) -> dict[str, object]:
     """`plots/anomaly_scores.png` (score over time, threshold, events, labelled incidents) and
     `plots/anomaly_contributions.png` (channel-by-time map of contributions), per series."""
     import matplotlib

@@ -100,19 +100,21 @@ def example_table(datamodule, n: int = 3) -> pd.DataFrame:
 
 
 def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
-    """The number of test samples, the confusion matrix and the reliability diagram."""
+    """The number of test samples."""
     logger.experiment.log_metric(logger.run_id, "test/n_samples", len(outputs.forecasts))
-    if not cfg.get("figures", True):
-        return
+
+
+def figures(cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> dict:
+    """The confusion matrix, the reliability diagram and what the model looked at."""
     tested, classes = task.test_outputs, datamodule.classes
-    figure = confusion_figure(tested["true"], tested["proba"].argmax(axis=1), classes)
-    beside_csv = Path(cfg.paths.output_dir)  # the figures in the run's output folder too
-    tracking.log_figure(logger, figure, "plots/confusion_matrix.png", beside_csv)
     curves = {"model": tested["proba"], **{b.name: tested[b.name] for b in task.baselines}}
-    tracking.log_figure(
-        logger, reliability_figure(tested["true"], curves), "plots/reliability.png", beside_csv
-    )
-    tracking.log_figure(logger, looked_at(task, datamodule), "plots/explanation.png", beside_csv)
+    return {
+        "plots/confusion_matrix.png": confusion_figure(
+            tested["true"], tested["proba"].argmax(axis=1), classes
+        ),
+        "plots/reliability.png": reliability_figure(tested["true"], curves),
+        "plots/explanation.png": looked_at(task, datamodule),
+    }
 
 
 def looked_at(task, datamodule):

@@ -118,7 +118,7 @@ def _quantiles(task, levels: list[float]) -> tuple:
 
 
 def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> None:
-    """The fitted feature pipeline, the number of test windows and each one's MSE, and the figures."""
+    """The fitted feature pipeline, the number of test windows and each one's MSE."""
     tested = task.test_outputs  # pred, true, valid, baseline arrays in window order
     scalers = write_json(
         datamodule.features.to_dict(), Path(cfg.paths.output_dir) / "scalers" / "features.json"
@@ -128,13 +128,11 @@ def log_outputs(logger, cfg: DictConfig, task, datamodule, outputs: RunOutputs) 
     client.log_metric(run_id, "test/n_windows", len(tested["pred"]))
     window_mse = datamodule.window_info("test").assign(mse=_window_mse(tested))
     client.log_text(run_id, window_mse.to_csv(index=False), WINDOW_MSE)
-    if cfg.get("figures", True):
-        _log_figures(logger, cfg, task, datamodule)
 
 
-def _log_figures(logger, cfg: DictConfig, task, datamodule) -> None:
+def figures(cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> dict:
     """Test windows, error by step, attention and (distribution heads) the fan chart, drawn from
-    the test arrays without the CSV-sized frame; in MLflow and in the run's output folder."""
+    the test arrays without the CSV-sized frame."""
     tested = task.test_outputs
     n_plot = cfg.n_plot_windows
     shown = _plot_windows(len(tested["pred"]), n_plot)
@@ -157,8 +155,7 @@ def _log_figures(logger, cfg: DictConfig, task, datamodule) -> None:
         args = (tested["pred"], tested["true"], tested["valid"], quantiles, BAND_LEVELS)
         bands = forecasts_frame(view, *args, windows=shown)
         figures["plots/fan_chart.png"] = fan_chart_figure(bands, history, n_plot, units)
-    for name, fig in figures.items():  # in MLflow, and beside the forecasts CSV
-        tracking.log_figure(logger, fig, name, Path(cfg.paths.output_dir))
+    return figures
 
 
 def _window_mse(outputs: dict[str, np.ndarray]) -> np.ndarray:
