@@ -14,7 +14,9 @@ a test looks at them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +90,40 @@ def checkout_left_as_found():
     if before is not None and after is not None:
         new = sorted(after - before)
         assert not new, f"the tests left {len(new)} new files in the checkout {REPO}: {new[:10]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_databases_from_a_template(tmp_path_factory):
+    """A new local MLflow database (`sqlite:///...`, a file that does not exist yet) opened in a test's
+    process starts as a copy of one that MLflow created and migrated once per worker, its experiments
+    removed (MLflow then creates the Default experiment, rooted where it is, as in a new database).
+
+    MLflow migrates a new database's schema through its whole history when a process first opens it:
+    about 1.3 s a database, and nearly every run of the suite starts one. The copy is the same schema of
+    the same MLflow version. Processes the tests start (train.py, predict.py, runs started together
+    on one new database) create theirs as a user's would.
+    """
+    import sqlite3
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "template.db"
+    original_init = SqlAlchemyStore.__init__
+    original_init(SqlAlchemyStore.__new__(SqlAlchemyStore), f"sqlite:///{template}", str(template.parent))
+    with contextlib.closing(sqlite3.connect(template)) as db, db:
+        db.execute("DELETE FROM experiment_tags")
+        db.execute("DELETE FROM experiments")
+
+    def init_from_template(store, db_uri, *args, **kwargs):
+        if db_uri.startswith("sqlite:///") and not db_uri.startswith("sqlite:///:memory:"):
+            database = Path(db_uri.removeprefix("sqlite:///").split("?", 1)[0])
+            if database.parent.is_dir() and (not database.exists() or database.stat().st_size == 0):
+                shutil.copyfile(template, database)
+        return original_init(store, db_uri, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SqlAlchemyStore, "__init__", init_from_template)
+        yield
 
 
 def marked(params, which, mark) -> list:
