@@ -8,6 +8,7 @@ defines)."""
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,40 @@ def test_no_module_uses_a_private_name_of_another_jobs_package(module):
             if owner not in ("self", "cls"):
                 bad.append(f"line {node.lineno}: {ast.unparse(node)} ({private[node.attr]}'s)")
     assert not bad, f"{module}: " + "; ".join(bad)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of src/tsformer it imports, at module level or inside a function (a deferred
+    import ties two modules together as much as any: it only moves the failure from import time to
+    the call)."""
+    return {
+        module: {target for target, _, _ in imports(tree) if target in MODULES and target != module}
+        for module, tree in MODULES.items()
+    }
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """A circle of imports in `graph` (its modules in order, the first again at the end), or []."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return list(reversed(err.args[1]))
+    return []
+
+
+def test_no_module_of_src_is_part_of_an_import_circle():
+    circle = import_circle(import_graph())
+    assert not circle, "import circle (a lower layer imports a higher one): " + " -> ".join(circle)
+
+
+def test_a_deferred_import_that_closes_a_circle_is_found():
+    """The check can fail: an import inside a function counts, and one back up the layers is a circle."""
+    deferred = ast.parse("def build():\n    from tsformer.models.encoder_only import EncoderOnly\n")
+    assert [m for m, _, _ in imports(deferred)] == ["tsformer.models.encoder_only"]
+    graph = import_graph()
+    assert "tsformer.nn.embedding" in graph["tsformer.models.encoder_only"]
+    graph["tsformer.nn.embedding"] = graph["tsformer.nn.embedding"] | {"tsformer.models.encoder_only"}
+    circle = import_circle(graph)
+    assert circle[0] == circle[-1] and {"tsformer.nn.embedding", "tsformer.models.encoder_only"} <= set(
+        circle
+    )

@@ -8,8 +8,10 @@ A job (`base.Job`) is a module holding
 - `write_outputs(cfg, task, datamodule, run_id) -> RunOutputs`: the files after the test (the model
   folder always; a CSV, an example table for the pyfunc model where it has them; test metrics of its
   own, from those outputs, which the run adds to the test's);
-- `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and figures in the MLflow run
+- `log_outputs(logger, cfg, task, datamodule, outputs)`: its own metrics and files in the MLflow run
   (the files, the checkpoint, the model and the run's end are logged by `callbacks.MLflowRun`);
+- `figures(cfg, task, datamodule, outputs) -> {"plots/<name>.png": figure}` (optional): its figures,
+  which `callbacks.MLflowRun` draws and logs (and writes beside the CSV) only when `figures` is true;
 - `summary_lines(metrics, baselines, outputs)` and `usage(model folder)`: its part of the printed
   summary (`base.print_summary` writes the rest);
 - `folders` (the kinds of model folder it writes, `model_folder.FolderKind`: `FOLDER_KINDS` below
