@@ -3,10 +3,11 @@ test_contract_*.py files (each trains a few task classes once, in a module fixtu
 workers share the trainings: `make test` runs a file per worker).
 
 A tiny run of the task class trains, writes its outputs and model folder and names and tags its MLflow
-run after the job; then the same table is answered three ways, each in its own process where it has
-one: the predict.py command its summary prints (run as printed, from another folder, with a bare PATH),
-tsformer-serve (one real request on 127.0.0.1, the process stopped after) and the run's logged pyfunc
-model; all three answer what the model folder's `Predictor` answers in this process.
+run after the job; then the same table is answered three ways: the predict.py command its summary
+prints (run as printed, from another folder, with a bare PATH), tsformer-serve (one real request on
+127.0.0.1, the process stopped after) and the run's logged pyfunc model; all three answer what the model
+folder's `Predictor` answers in this process. The first task class of each job runs predict.py as a
+process; the job's other task classes give the printed command's arguments to predict.py's `main` here.
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ def answers_fixture():
             expected = predictor.predict(table, params, source=str(tmp / "table.csv"))
         except ValueError as err:
             expected = str(err)
-        proc, written, elsewhere = run_predict_py(command, trained, tmp)
+        run_command = run_predict_py if first_of_its_job(trained.task) else run_predict_in_process
+        proc, written, elsewhere = run_command(command, trained, tmp)
         served, log = serve_one_request(trained.result.model_folder, table, params, tmp)
         return Answers(
             table,
@@ -243,10 +245,17 @@ def answers_fixture():
     return answers
 
 
-def run_predict_py(command: list[str], trained: Trained, tmp: Path):
-    """The summary's command, run as printed from an empty folder with a bare PATH: (process, the CSV
-    it wrote or None, the folder). A training command (fine-tuning from a pre-trained encoder) is the
-    printed one; a predict.py command gets the table and an output path in place of its placeholders."""
+def first_of_its_job(task: str) -> bool:
+    """Whether `task` is the first task class of its job in `RUNS`: the one whose printed command and
+    tsformer-serve run as processes (the job's other task classes answer through the same entry points
+    in this process: a process costs about 5 s of imports, and what it adds is the job's, not the class's)."""
+    job_of = {f"{c.__module__}.{c.__qualname__}": job.name for job in JOBS.values() for c in job.tasks}
+    return next(t for t in RUNS if job_of[t] == job_of[task]) == task
+
+
+def with_table_and_output(command: list[str], tmp: Path) -> tuple[list[str], Path, Path]:
+    """(the printed command with the table and an output path in place of its placeholders, the output
+    path, an empty folder to run it from)."""
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     out = tmp / "out.csv"
@@ -254,6 +263,31 @@ def run_predict_py(command: list[str], trained: Trained, tmp: Path):
         command = list(command)
         command[command.index("<table.csv>")] = str(tmp / "table.csv")
         command[command.index("--output") + 1] = str(out)
+    return command, out, elsewhere
+
+
+def run_predict_in_process(command: list[str], trained: Trained, tmp: Path):
+    """The printed predict.py command's arguments given to predict.py's `main` in this process, from an
+    empty folder: (its exit status and what it printed as a process's, the CSV or None, the folder)."""
+    command, out, elsewhere = with_table_and_output(command, tmp)
+    assert Path(command[1]).name == "predict.py", command  # a job of one task class runs its own process
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        mp.chdir(elsewhere)
+        status = predict_main(command[2:])
+    proc = subprocess.CompletedProcess(command, status, stdout.getvalue(), stderr.getvalue())
+    return proc, pd.read_csv(out) if out.is_file() else None, elsewhere
+
+
+def run_predict_py(command: list[str], trained: Trained, tmp: Path):
+    """The summary's command, run as printed from an empty folder with a bare PATH: (process, the CSV
+    it wrote or None, the folder). A training command (fine-tuning from a pre-trained encoder) is the
+    printed one; a predict.py command gets the table and an output path in place of its placeholders."""
+    command, out, elsewhere = with_table_and_output(command, tmp)
     proc = subprocess.run(
         command,
         cwd=elsewhere,
