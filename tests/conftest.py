@@ -15,6 +15,7 @@ a test looks at them)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -107,18 +108,22 @@ def mlflow_databases_from_a_template(tmp_path_factory):
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    template = tmp_path_factory.mktemp("mlflow-template") / "template.db"
     original_init = SqlAlchemyStore.__init__
-    original_init(SqlAlchemyStore.__new__(SqlAlchemyStore), f"sqlite:///{template}", str(template.parent))
-    with contextlib.closing(sqlite3.connect(template)) as db, db:
-        db.execute("DELETE FROM experiment_tags")
-        db.execute("DELETE FROM experiments")
+
+    @functools.cache  # made when a test first opens a new database: a worker that opens none pays nothing
+    def template() -> Path:
+        path = tmp_path_factory.mktemp("mlflow-template") / "template.db"
+        original_init(SqlAlchemyStore.__new__(SqlAlchemyStore), f"sqlite:///{path}", str(path.parent))
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("DELETE FROM experiment_tags")
+            db.execute("DELETE FROM experiments")
+        return path
 
     def init_from_template(store, db_uri, *args, **kwargs):
         if db_uri.startswith("sqlite:///") and not db_uri.startswith("sqlite:///:memory:"):
             database = Path(db_uri.removeprefix("sqlite:///").split("?", 1)[0])
             if database.parent.is_dir() and (not database.exists() or database.stat().st_size == 0):
-                shutil.copyfile(template, database)
+                shutil.copyfile(template(), database)
         return original_init(store, db_uri, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:

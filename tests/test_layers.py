@@ -8,6 +8,7 @@ defines)."""
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def within(module: str, prefixes) -> bool:
 MODULES = {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+@functools.cache  # read once: every module's test asks
 def private_names_of_jobs() -> dict[str, str]:
     """Private name -> the job package that defines it (functions, classes, methods, module names)."""
     defined = {}
