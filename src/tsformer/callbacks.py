@@ -1,5 +1,7 @@
 """The run's own Lightning callbacks: `MLflowRun`, which owns a training run's loggers and its MLflow run,
-and `LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`).
+`LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`), and two every run has:
+`ValidationAtStepBudget` (a `trainer.max_steps` shorter than an epoch validates when it ends) and
+`ModelTable` (Lightning's model summary without the FLOPs it did not count).
 
 `MLflowRun`:
 
@@ -25,8 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
@@ -175,3 +178,39 @@ class LastWeights(ModelCheckpoint):
         # every process calls it (DDP: the first one writes); weights_only given, as Lightning logs a line else
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)
         self.best_model_path = self.last_model_path = path  # what the run tests and logs
+
+
+class ValidationAtStepBudget(Callback):
+    """A step budget (`trainer.max_steps`) that ends inside the first epoch validates when it ends.
+    Lightning validates at an epoch's end (`val_check_interval=1.0`), which such a budget never reaches:
+    early stopping and the best checkpoint would then find no `val/...` metric and stop the run with
+    Lightning's traceback. Every `max_steps x accumulate_grad_batches` batches is the same validation
+    point as the end of the budget (the training stops there)."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        budget = trainer.max_steps * trainer.accumulate_grad_batches  # in batches
+        if trainer.global_step == 0 and 0 < budget < trainer.num_training_batches:  # inf: no length
+            trainer.val_check_batch = min(trainer.val_check_batch, budget)
+
+
+class ModelTable(ModelSummary):
+    """Lightning's model summary (`trainer.enable_model_summary`) without its FLOPs column and total when
+    it counted none: it counts them by running the task's `example_input_array`, which no task here
+    has, and printed `Total Flops: 0` and a 0 per layer."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **summarize_kwargs) -> None:  # fmt: skip
+        if total_flops:
+            ModelSummary.summarize(
+                summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                total_flops, **summarize_kwargs,
+            )  # fmt: skip
+            return
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns
+        )
+        lines = table.splitlines()
+        table = "\n".join(line for line in lines if not line.rstrip().endswith("Total Flops"))
+        logging.getLogger(ModelSummary.__module__).info("\n" + table)  # where Lightning logs it
