@@ -21,15 +21,19 @@ Built once from the run's config (`train.run`), it
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary, RichModelSummary
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+from lightning.pytorch.utilities.model_summary.model_summary import (
+    _format_summary_table,
+    get_human_readable_count,
+)
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
@@ -194,23 +198,47 @@ class ValidationAtStepBudget(Callback):
 
 
 class ModelTable(ModelSummary):
-    """Lightning's model summary (`trainer.enable_model_summary`) without its FLOPs column and total when
-    it counted none: it counts them by running the task's `example_input_array`, which no task here
-    has, and printed `Total Flops: 0` and a 0 per layer."""
+    """The model table a run prints (`trainer.enable_model_summary`), in place of Lightning's: its rows,
+    drawn with rich where rich is installed (as Lightning chooses), without the FLOPs column and total
+    when none were counted. Lightning counts them by running the task's `example_input_array`, which no
+    task here has, and printed `Total FLOPs: 0` and a 0 per layer."""
 
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
                   total_flops, **summarize_kwargs) -> None:  # fmt: skip
-        if total_flops:
-            ModelSummary.summarize(
+        rich = importlib.util.find_spec("rich") is not None
+        if total_flops:  # counted: Lightning's own table
+            (RichModelSummary if rich else ModelSummary).summarize(
                 summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
                 total_flops, **summarize_kwargs,
             )  # fmt: skip
             return
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        table = _format_summary_table(
-            total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns
-        )
-        lines = table.splitlines()
-        table = "\n".join(line for line in lines if not line.rstrip().endswith("Total Flops"))
-        logging.getLogger(ModelSummary.__module__).info("\n" + table)  # where Lightning logs it
+        if not rich:
+            table = _format_summary_table(
+                total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns
+            )
+            lines = [line for line in table.splitlines() if not line.rstrip().endswith("Total Flops")]
+            logging.getLogger(ModelSummary.__module__).info(
+                "\n" + "\n".join(lines)
+            )  # where Lightning logs it
+            return
+        from rich import get_console
+        from rich.table import Table
+
+        table = Table(header_style="bold magenta")
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name.startswith("Params") else "left")
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*map(str, row))
+        totals = {
+            "Trainable params": get_human_readable_count(trainable_parameters),
+            "Non-trainable params": get_human_readable_count(total_parameters - trainable_parameters),
+            "Total params": get_human_readable_count(total_parameters),
+            "Total estimated model params size (MB)": f"{model_size:,.3f}",
+            "Modules in train mode": total_training_modes["train"],
+            "Modules in eval mode": total_training_modes["eval"],
+        }
+        console = get_console()
+        console.print(table)
+        console.print("\n".join(f"[bold]{name}[/]: {value}" for name, value in totals.items()))
