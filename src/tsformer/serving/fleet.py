@@ -341,7 +341,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("model", help="MLflow run id, runs:/ or models:/ URI, or a model/run folder")
     parser.add_argument("data", help="CSV file, Parquet file or folder of Parquet files (a path or a URI)")
-    parser.add_argument("--output", "-o", required=True, help="the answers' folder (Parquet, by series)")
+    parser.add_argument(
+        "--output", "-o", required=True, help="the answers' folder (Parquet files of whole series)"
+    )
     parser.add_argument("--series", help="DATA's series column (default: the model's)")
     for param in prediction_params().values():  # predict.py's options of the jobs' uses
         kind = {"action": "store_true"} if param.kind is bool else {}
