@@ -297,7 +297,8 @@ def _write(scored, out: OutputFolder, overwrite: bool) -> None:
     """The answers written to the temporary folder, which becomes the output when complete; on any
     failure it is deleted, and a failed series' line raised."""
     try:
-        scored.write.mode("errorifexists").parquet(out.tmp_uri)
+        # a file a partition, however large (a session's maxRecordsPerFile would split a series)
+        scored.write.option("maxRecordsPerFile", 0).mode("errorifexists").parquet(out.tmp_uri)
         out.commit(overwrite)
     except BaseException as err:
         out.discard()
