@@ -42,7 +42,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from tsformer.tasks.optimisation import warmup_cosine
-from tsformer.train import _instantiate_group, build_task, compose_config
+from tsformer.train import build_task, compose_config, instantiate_group
 
 EXPERIMENTS = {"OSULeaf": "osuleaf", "GunPoint": "gun_point", "JapaneseVowels": "japanese_vowels"}
 
@@ -70,7 +70,7 @@ def plain_steps(task, batches: list[dict], steps: int, augment: bool) -> tuple[f
     for step in range(steps):
         batch = batches[step % len(batches)]
         if augment:
-            batch = task.augment(batch, len(task.classes), task._augment_rng)
+            batch = task.augmented(batch)
         loss = F.cross_entropy(task(batch["x"], batch["valid"]), batch["label"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -96,7 +96,7 @@ def lightning_steps(cfg, datamodule, task, steps: int, every_epoch: bool = False
     """(CPU s, wall s) of `steps` optimiser steps of `Trainer.fit` after one warm-up epoch, with the run's
     Trainer settings and callbacks (those that need a logger left out, as train.run does without one);
     `every_epoch`: the last weights' checkpoint written at every epoch's end instead."""
-    callbacks = [c for c in _instantiate_group(cfg.callbacks) if not isinstance(c, LearningRateMonitor)]
+    callbacks = [c for c in instantiate_group(cfg.callbacks) if not isinstance(c, LearningRateMonitor)]
     if every_epoch:
         callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
         callbacks.append(ModelCheckpoint(filename="last_weights", monitor=None, save_top_k=1))

@@ -44,7 +44,7 @@ def new_plant(seed: int):
 def scores_on_plant(model: Classifier, baselines: list, table) -> dict[str, dict[str, float]]:
     """Accuracy and log loss on every window of `table` of the model and of the fitted `baselines`."""
     c = model.contract
-    _, windows, labels, _ = model._stream_windows(table, "new plant", c.time_format)
+    _, windows, labels, _ = model.stream_windows(table, "new plant", c.time_format)
     known = np.isin(labels.astype(str), model.classes)
     truth = np.array([model.classes.index(str(y)) for y in labels[known]])
     scaled = [

@@ -11,7 +11,7 @@ from hydra.utils import get_class, instantiate
 
 from conftest import marked
 from tsformer.jobs import JOBS, job_of_task
-from tsformer.train import CONFIG_DIR, _instantiate_group, build_task, compose_config
+from tsformer.train import CONFIG_DIR, build_task, compose_config, instantiate_group
 
 CONF = Path(CONFIG_DIR)
 # the data= and experiment= options that read a real data set, not a simulation
@@ -200,8 +200,8 @@ def test_trainer_callbacks_and_loggers_instantiate(trainer, logger, in_tmp):
         # lent H100); the CPU processes are what this machine can run
         overrides.append("trainer.accelerator=cpu")
     cfg = compose_config(overrides, in_tmp / "out")
-    callbacks = _instantiate_group(cfg.get("callbacks"))
-    loggers = _instantiate_group(cfg.get("logger"))
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    loggers = instantiate_group(cfg.get("logger"))
     trainer_obj = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     assert trainer_obj.max_epochs == cfg.trainer.max_epochs
     assert len(loggers) == (0 if logger == "none" else 1)

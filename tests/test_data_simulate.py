@@ -134,6 +134,24 @@ def test_an_option_the_data_set_cannot_use_is_one_line_and_writes_nothing(tmp_pa
     assert not path.exists()
 
 
+def test_a_parquet_output_is_written_as_parquet_with_the_csv_tables_values(tmp_path, capsys):
+    args = ["simulate", "plant", *TINY_PLANT, "--future-steps", "5", "--output"]
+    assert fetch.cli([*args, str(tmp_path / "plant.csv")]) == 0
+    assert fetch.cli([*args, str(tmp_path / "fleet.parquet")]) == 0
+    as_csv = pd.read_csv(tmp_path / "plant.csv", parse_dates=["time"])
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "fleet.parquet"), as_csv, check_dtype=False)
+    assert f"{tmp_path / 'fleet.parquet'} --output forecasts.csv" in capsys.readouterr().out
+
+
+def test_an_output_of_another_type_is_one_line_and_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "plant.txt"
+    assert fetch.cli(["simulate", "plant", "--n-steps", "40", "--output", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    line = f"error: --output {path}: a .txt suffix; name a .csv or .parquet file (the tables predict.py and "
+    assert err == [line + "data=csv read)"]
+    assert not path.exists()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """README step 1 with TINY settings: `python train.py` (make train's model), in its own folder."""
@@ -180,3 +198,20 @@ def test_simulated_table_of_the_training_data_gives_training_forecasts(trained, 
     both = result.forecasts.merge(out, on=KEYS, suffixes=("_train", "_new"))
     assert len(both) == len(out) == 2 * horizon * len(PLANT_TARGETS)
     np.testing.assert_allclose(both.y_pred_new, both.y_pred_train, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_command_printed_for_a_parquet_table_forecasts_it(trained, monkeypatch, capsys):
+    """`--output fleet.parquet` (the name a fleet's table gets) writes Parquet, and the command printed
+    after it runs as shown on that file."""
+    result, folder = trained
+    monkeypatch.chdir(folder)
+    horizon = int(result.forecasts.step.max())
+    args = ["simulate", "plant", "--output", "fleet.parquet", *TINY_PLANT, "--future-steps", str(horizon)]
+    assert fetch.cli(args) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    command = shlex.split(hint.split(": ", 1)[1].replace("<run id>", result.run_id))
+    assert Path(command[1]).resolve() == REPO / "predict.py"
+    assert predict.main(command[2:]) == 0
+    forecasts = pd.read_csv(folder / "forecasts.csv")
+    assert len(forecasts) == 2 * horizon * len(PLANT_TARGETS) and forecasts.y_pred.notna().all()

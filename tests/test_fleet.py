@@ -90,10 +90,11 @@ def predicted(model: Path, table_csv: Path, out: Path) -> pd.DataFrame:
 
 
 def as_written(answers: Path, columns: list[str]) -> pd.DataFrame:
-    """The fleet's Parquet folder as predict.py's CSV would hold it (the series column from the folder
-    names), ordered by series, each series' rows in their order."""
+    """The fleet's Parquet folder as predict.py's CSV would hold it (its columns in predict.py's order),
+    ordered by series, each series' rows in their order."""
     frame = pd.read_parquet(answers)
-    frame = pd.read_csv(io.StringIO(frame[columns].to_csv(index=False)))
+    assert list(frame.columns) == columns
+    frame = pd.read_csv(io.StringIO(frame.to_csv(index=False)))
     return frame.sort_values("series_id", kind="stable").reset_index(drop=True)
 
 
@@ -132,11 +133,28 @@ def test_forecasts_of_a_parquet_folder_equal_predict_per_series(models, spark, t
     table[early].to_parquet(folder / "part-0.parquet", index=False)
     table[~early].to_parquet(folder / "part-1.parquet", index=False)
     got = assert_fleet_is_predict("forecasting", models, spark, tmp_path, table, folder)
-    assert sorted(p.name for p in (tmp_path / "answers").glob("series_id=*"))[:2] == [
-        "series_id=0",
-        "series_id=1",
-    ]
     assert got["step"].max() == HORIZON
+
+
+def test_the_answer_keeps_the_series_type_and_place_whole_series_a_file_sorted_by_series(
+    models, spark, tmp_path
+):
+    """Read back as written: the series column where and as predict.py's answer has it (not a category
+    of folder names, last); each series in one file, a file's series in order; one series by `filters`."""
+    table = forecast_table(30)
+    table.to_parquet(tmp_path / "fleet.parquet", index=False)
+    fleet.score_fleet(spark, models["forecasting"], tmp_path / "fleet.parquet", tmp_path / "answers")
+    answer = pd.read_parquet(tmp_path / "answers")
+    table.to_csv(tmp_path / "all.csv", index=False)
+    expected = predicted(models["forecasting"], tmp_path / "all.csv", tmp_path / "expected.csv")
+    assert list(answer.columns) == list(expected.columns)
+    assert answer["series_id"].dtype == table["series_id"].dtype == np.int64
+    files = sorted((tmp_path / "answers").glob("part-*.parquet"))
+    series_of = [pd.read_parquet(f)["series_id"] for f in files]
+    assert all(ids.is_monotonic_increasing for ids in series_of)
+    assert sum(ids.nunique() for ids in series_of) == 30  # no series in two files
+    one = pd.read_parquet(tmp_path / "answers", filters=[("series_id", "==", 7)])
+    pd.testing.assert_frame_equal(one, answer[answer["series_id"] == 7].reset_index(drop=True))
 
 
 def test_classes_of_a_csv_equal_predict_per_series(models, spark, tmp_path):
@@ -222,4 +240,20 @@ def test_an_existing_output_is_kept_unless_overwrite(models, spark, tmp_path, ca
     assert fleet_command.out.startswith(
         f"forecasting model: 3 series, {3 * 2 * HORIZON} rows answered: {out}"
     )
-    assert not (out / "mine.txt").exists() and len(list(out.glob("series_id=*"))) == 3
+    assert not (out / "mine.txt").exists() and pd.read_parquet(out)["series_id"].nunique() == 3
+
+
+def test_an_unreadable_file_is_what_predict_says_of_it(models, spark, tmp_path, capsys):
+    """A CSV named .parquet (not Spark's Java message), and a file of a type predict.py does not read."""
+    out = tmp_path / "answers"
+    said = {
+        "fleet.parquet": "fleet.parquet: cannot be read as .parquet (",
+        "fleet.txt": "unknown file type '.txt'",
+    }
+    for name, line in said.items():
+        forecast_table(3).to_csv(tmp_path / name, index=False)
+        status, err = fleet_command(capsys, models["forecasting"], tmp_path / name, "-o", out)
+        assert status == 2 and len(err) == 1 and line in err[0], err
+        assert predict_main([str(models["forecasting"]), str(tmp_path / name), "--output", "x.csv"]) == 2
+        assert err == capsys.readouterr().err.strip().splitlines()
+        assert nothing_written(tmp_path, out)

@@ -22,7 +22,7 @@ from conftest import REPO, TINY
 from tsformer.data import find_segments, gas_turbine, load_gas_turbine
 from tsformer.data.gas_turbine import COLUMNS, URL
 from tsformer.data.schema import fixed_step
-from tsformer.train import _instantiate_group, compose_config, run
+from tsformer.train import compose_config, instantiate_group, run
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gas_turbine"
 if not DATA.is_dir():
@@ -124,7 +124,7 @@ def test_split_by_year_and_no_window_spans_two_years(experiment_cfg):
 
 
 def test_experiment_builds_the_extra_baselines(experiment_cfg):
-    baselines = {b.name: b.estimator for b in _instantiate_group(experiment_cfg.baselines)}
+    baselines = {b.name: b.estimator for b in instantiate_group(experiment_cfg.baselines)}
     assert set(baselines) == {"baseline_hgb", "baseline_mlp"}
     assert isinstance(baselines["baseline_hgb"], MultiOutputRegressor)
     assert isinstance(baselines["baseline_hgb"].estimator, HistGradientBoostingRegressor)

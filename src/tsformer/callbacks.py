@@ -1,5 +1,7 @@
 """The run's own Lightning callbacks: `MLflowRun`, which owns a training run's loggers and its MLflow run,
-and `LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`).
+`LastWeights`, the checkpoint of a fixed budget (`callbacks=last_weights`), and two every run has:
+`ValidationAtStepBudget` (a `trainer.max_steps` shorter than an epoch validates when it ends) and
+`ModelTable` (Lightning's model summary without the FLOPs it did not count).
 
 `MLflowRun`:
 
@@ -19,14 +21,19 @@ Built once from the run's config (`train.run`), it
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary, RichModelSummary
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_summary.model_summary import (
+    _format_summary_table,
+    get_human_readable_count,
+)
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import resume, tracking
@@ -175,3 +182,63 @@ class LastWeights(ModelCheckpoint):
         # every process calls it (DDP: the first one writes); weights_only given, as Lightning logs a line else
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)
         self.best_model_path = self.last_model_path = path  # what the run tests and logs
+
+
+class ValidationAtStepBudget(Callback):
+    """A step budget (`trainer.max_steps`) that ends inside the first epoch validates when it ends.
+    Lightning validates at an epoch's end (`val_check_interval=1.0`), which such a budget never reaches:
+    early stopping and the best checkpoint would then find no `val/...` metric and stop the run with
+    Lightning's traceback. Every `max_steps x accumulate_grad_batches` batches is the same validation
+    point as the end of the budget (the training stops there)."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        budget = trainer.max_steps * trainer.accumulate_grad_batches  # in batches
+        if trainer.global_step == 0 and 0 < budget < trainer.num_training_batches:  # inf: no length
+            trainer.val_check_batch = min(trainer.val_check_batch, budget)
+
+
+class ModelTable(ModelSummary):
+    """The model table a run prints (`trainer.enable_model_summary`), in place of Lightning's: its rows,
+    drawn with rich where rich is installed (as Lightning chooses), without the FLOPs column and total
+    when none were counted. Lightning counts them by running the task's `example_input_array`, which no
+    task here has, and printed `Total FLOPs: 0` and a 0 per layer."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **summarize_kwargs) -> None:  # fmt: skip
+        rich = importlib.util.find_spec("rich") is not None
+        if total_flops:  # counted: Lightning's own table
+            (RichModelSummary if rich else ModelSummary).summarize(
+                summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                total_flops, **summarize_kwargs,
+            )  # fmt: skip
+            return
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        if not rich:
+            table = _format_summary_table(
+                total_parameters, trainable_parameters, model_size, total_training_modes, 0, *columns
+            )
+            lines = [line for line in table.splitlines() if not line.rstrip().endswith("Total Flops")]
+            logging.getLogger(ModelSummary.__module__).info(
+                "\n" + "\n".join(lines)
+            )  # where Lightning logs it
+            return
+        from rich import get_console
+        from rich.table import Table
+
+        table = Table(header_style="bold magenta")
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name.startswith("Params") else "left")
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*map(str, row))
+        totals = {
+            "Trainable params": get_human_readable_count(trainable_parameters),
+            "Non-trainable params": get_human_readable_count(total_parameters - trainable_parameters),
+            "Total params": get_human_readable_count(total_parameters),
+            "Total estimated model params size (MB)": f"{model_size:,.3f}",
+            "Modules in train mode": total_training_modes["train"],
+            "Modules in eval mode": total_training_modes["eval"],
+        }
+        console = get_console()
+        console.print(table)
+        console.print("\n".join(f"[bold]{name}[/]: {value}" for name, value in totals.items()))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sources import CSV_OPTIONS, load_table
-from tsformer.jobs import JOBS
+from tsformer.jobs import prediction_params
 from tsformer.serving.predictor import Predictor, load_predictor
 from tsformer.serving.writers import write_answer
 from tsformer.tracking import TrackingServerUnreachable
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
     )
-    for param in _params().values():  # the options of the jobs' uses (`Prediction.params`)
+    for param in prediction_params().values():  # the options of the jobs' uses (`Prediction.params`)
         kind = {"action": "store_true"} if param.kind is bool else {}
         parser.add_argument(param.flag, dest=param.name, help=param.help.replace("%", "%%"), **kind)
     for option in CSV_OPTIONS:
@@ -66,17 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _params() -> dict:
-    """Every job's params by name (`Prediction.params`): predict.py's options."""
-    return {param.name: param for job in JOBS.values() for param in job.prediction.params}
-
-
 def _predict(predictor: Predictor, table, args, csv: dict) -> str:
     """The answer to `table` written to `args.output` (and the tables beside it); what was written."""
     declared = {param.name for param in predictor.params}
-    given = {name: getattr(args, name) for name in _params() if getattr(args, name)}
+    given = {name: getattr(args, name) for name in prediction_params() if getattr(args, name)}
     for name in sorted(set(given) - declared):  # as the predictor would say it, with the option's name
-        flag = _params()[name].flag
+        flag = prediction_params()[name].flag
         raise ValueError(
             f"{flag}: {args.model} is a model of the {predictor.job.name} job, which does not take {flag} "
             f"({predictor.job.usage('MODEL')})"

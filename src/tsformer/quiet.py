@@ -17,6 +17,8 @@ CHATTER = {
         # the config's own limits, which train.yaml sets to 1.0 on purpose (every test window evaluated)
         r"`Trainer\(limit_(train|val|test|predict)_batches=1\.0\)` was configured so 100% of the batches",
         r"Loading `train_dataloader` to estimate number of stepping batches\.$",
+        # the run's own model table (`callbacks.ModelTable`) in place of Lightning's
+        r"Trainer already configured with model summary callbacks: \[<class 'tsformer\.callbacks\.ModelTable'>\]",
     ),
     # MLflow checks the logged model's input example by answering it: tsformer already did (train.run)
     "mlflow.pyfunc": (r"Validating input example against model signature$",),

@@ -41,7 +41,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tsformer import init_from, resume, settings, tracking
-from tsformer.callbacks import MLflowRun
+from tsformer.callbacks import MLflowRun, ModelTable, ValidationAtStepBudget
 from tsformer.config import config_dir
 from tsformer.data.schema import DataValidationError
 from tsformer.jobs import JOBS, Job, RunOutputs, job_of_task, print_summary
@@ -76,7 +76,7 @@ def compose_config(overrides: list[str], output_dir: str | Path) -> DictConfig:
     return cfg
 
 
-def _instantiate_group(group: DictConfig | None) -> list:
+def instantiate_group(group: DictConfig | None) -> list:
     """Instantiate every entry with a `_target_` of a callbacks/logger group (none: empty list)."""
     if not group:
         return []
@@ -225,9 +225,7 @@ def fit_task(cfg: DictConfig, source=None) -> Trained:
     settings.check(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, task = _instantiate_data_and_task(cfg, table=source)
-    callbacks = [
-        c for c in _instantiate_group(cfg.get("callbacks")) if not isinstance(c, LearningRateMonitor)
-    ]
+    callbacks = [c for c in _run_callbacks(cfg) if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=False, callbacks=callbacks)
     best_ckpt, best_val = _fit(trainer, task, datamodule, None)
     job_of(cfg.model, datamodule).finish_task(task, datamodule, _fitted(cfg, best_ckpt, None))
@@ -287,7 +285,7 @@ def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None 
     if source is not None:
         init_from.keep_scalers(datamodule, source, cfg.model)
     datamodule.setup()
-    task = build_task(cfg.model, datamodule, baselines=_instantiate_group(cfg.get("baselines")))
+    task = build_task(cfg.model, datamodule, baselines=instantiate_group(cfg.get("baselines")))
     if cfg.get("paths_file") and not getattr(task, "samples_paths", False):
         head = getattr(task, "head", None)
         raise SettingError(
@@ -300,13 +298,22 @@ def _instantiate_data_and_task(cfg: DictConfig, source: init_from.Source | None 
 
 def _instantiate_trainer(cfg: DictConfig, recorder: MLflowRun) -> L.Trainer:
     """The Trainer with the config's callbacks, the checkpoints' `ResumeState` and `recorder`."""
-    callbacks = _instantiate_group(cfg.get("callbacks"))
+    callbacks = _run_callbacks(cfg)
     callbacks.append(resume.ResumeState(OmegaConf.to_container(cfg, resolve=True)))
     if not recorder.loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(cfg.trainer, logger=recorder.loggers or False, callbacks=[*callbacks, recorder])
     _refuse_ddp_launch_in_a_sweep(trainer)
     return trainer
+
+
+def _run_callbacks(cfg: DictConfig) -> list:
+    """The config's callbacks and those every fit has: validation when a step budget shorter than an
+    epoch ends, and the model table without uncounted FLOPs (in place of Lightning's own table)."""
+    callbacks = [*instantiate_group(cfg.get("callbacks")), ValidationAtStepBudget()]
+    if cfg.trainer.get("enable_model_summary", True):
+        callbacks.append(ModelTable())
+    return callbacks
 
 
 def _fit(trainer: L.Trainer, task, datamodule, resumed: resume.Resume | None) -> tuple[str, float | None]:

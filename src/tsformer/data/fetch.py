@@ -12,7 +12,8 @@ that does not match is deleted and reported with both hashes. A file already the
 hash is not downloaded again. Only the standard library is used (urllib).
 
 `simulate` writes what `data=<name>` trains on (conf/data/<name>.yaml: its simulator settings are
-the defaults of the options), with the columns that config uses, as a CSV that `data=csv` reads;
+the defaults of the options), with the columns that config uses, as a table that `data=csv` reads (CSV
+or Parquet, as the `--output` name says: `plant.csv`, `fleet.parquet`);
 `--future-steps N` empties the targets of each series' last N rows, the layout `predict.py` reads.
 A labelled stream (`plant_regime`) is written with its label column, as `predict.py` classifies it;
 the plant with injected faults (`plant_anomaly`) with its channels and labels, as `predict.py` judges it.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from tsformer.config import command_line, config_dir
 from tsformer.data import ett, simulators
+from tsformer.data.sources import READERS
 
 CHUNK = 1 << 20  # bytes read at a time
 TIMEOUT_S = 60  # per network operation (connect, each read), not for the whole file
@@ -292,7 +294,9 @@ def _add_simulate_arguments(parser: argparse.ArgumentParser, configs: dict) -> N
     parser.add_argument(
         "dataset", choices=sorted(configs), help="the simulated data set (conf/data/<name>.yaml)"
     )
-    parser.add_argument("--output", "-o", required=True, help="the CSV file to write")
+    parser.add_argument(
+        "--output", "-o", required=True, help="the table to write: a .csv or .parquet file (by its name)"
+    )
     parser.add_argument(
         "--future-steps",
         type=int,
@@ -323,7 +327,10 @@ def _run_simulate(args: argparse.Namespace, configs: dict) -> int:
         return _refuse(f"{args.dataset}: {err}")
     path = Path(args.output).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(path, index=False)
+    if path.suffix.lower() == ".csv":
+        table.to_csv(path, index=False)
+    else:  # Parquet (`_simulate_problem` refused another suffix): its types kept
+        table.to_parquet(path, index=False)
     print(
         f"{path.resolve()}: {args.dataset}, {table['series_id'].nunique()} series x {settings['n_steps']} steps "
         f"of {settings['freq']} (seed {settings['seed']}), columns {', '.join(table.columns)}"
@@ -347,6 +354,12 @@ def _simulate_problem(args: argparse.Namespace, config: dict, settings: dict) ->
         return (
             f"--future-steps: {args.dataset} is a labelled table for {what} (a label per step), "
             f"not a forecast's data; leave --future-steps out"
+        )
+    suffix = Path(args.output).suffix
+    if suffix.lower() not in READERS:
+        return (
+            f"--output {args.output}: a {suffix or 'file without a'} suffix; name a .csv or .parquet file "
+            "(the tables predict.py and data=csv read)"
         )
     n_steps = getattr(args, "n_steps", None) or settings["n_steps"]
     if not 0 <= args.future_steps < n_steps:
@@ -401,9 +414,10 @@ def cli(argv=None) -> int:
     configs = simulated_data_configs()
     simulate = commands.add_parser(
         "simulate",
-        help="write a simulated data set as a CSV table",
-        description="Write a simulated data set (the one data=<name> trains on) as a CSV table that\n"
-        "data=csv reads; with --future-steps, a table to forecast with predict.py.",
+        help="write a simulated data set as a CSV or Parquet table",
+        description="Write a simulated data set (the one data=<name> trains on) as a CSV or Parquet\n"
+        "table (by the --output name) that data=csv reads; with --future-steps, a table to forecast\n"
+        "with predict.py.",
         formatter_class=argparse.RawTextHelpFormatter,
     )
     _add_simulate_arguments(simulate, configs)

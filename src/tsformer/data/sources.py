@@ -34,11 +34,7 @@ def load_table(path, **csv_options) -> pd.DataFrame:
         raise FileNotFoundError(
             f"data file not found: {path} (resolved to {path.resolve()}, working directory {Path.cwd()})"
         )
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise DataValidationError(
-            f"{path}: unknown file type {path.suffix!r}; supported: {', '.join(sorted(READERS))}"
-        )
+    reader = reader_of(path)
     unknown = sorted(set(csv_options) - set(CSV_OPTIONS))
     if unknown:
         raise ValueError(f"unknown CSV option(s) {unknown}; supported: {list(CSV_OPTIONS)}")
@@ -51,7 +47,7 @@ def load_table(path, **csv_options) -> pd.DataFrame:
             f"set the file's encoding with {setting_name('csv.encoding')}, e.g. 'latin-1' or 'cp1252'"
         ) from err
     except (ValueError, OSError, pd.errors.ParserError) as err:
-        raise DataValidationError(f"{path}: cannot be read as {path.suffix} ({err})") from err
+        raise unreadable(path, err) from err
     if reader is pd.read_csv and len(table.columns) == 1:
         header = str(table.columns[0])
         separator = options.get("sep", ",")
@@ -62,6 +58,32 @@ def load_table(path, **csv_options) -> pd.DataFrame:
                 f"{separator!r}; set {setting_name('csv.sep')} to {found[0]!r}"
             )
     return table
+
+
+def reader_of(path: Path):
+    """The pandas reader of a table file by its suffix (`READERS`); another suffix is refused in one line."""
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataValidationError(
+            f"{path}: unknown file type {path.suffix!r}; supported: {', '.join(sorted(READERS))}"
+        )
+    return reader
+
+
+def unreadable(path: Path, err: Exception) -> DataValidationError:
+    """The line saying a table file cannot be read, and why."""
+    return DataValidationError(f"{path}: cannot be read as {path.suffix or 'Parquet'} ({err})")
+
+
+def check_parquet_footer(path: Path) -> None:
+    """`path`'s Parquet footer read (its schema and row groups, not its data), or the line `load_table`
+    gives for a file it cannot read: a reader that is not pandas (Spark) says it as predict.py does."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_table(path, columns=[])  # as pandas opens it (the same error), reading no column
+    except (ValueError, OSError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise unreadable(path, err) from err
 
 
 # In a checkout, relative data paths are also looked up under it, so that train.py finds data/ from any

@@ -32,7 +32,7 @@ from __future__ import annotations
 from importlib import import_module
 from pathlib import Path
 
-from tsformer.jobs.base import Job, RunOutputs, print_summary
+from tsformer.jobs.base import Job, Param, RunOutputs, print_summary
 from tsformer.model_folder import (
     RESTORE,
     FolderKind,
@@ -70,7 +70,13 @@ def _kinds() -> dict[str, FolderKind]:
 FOLDER_KINDS = _kinds()  # the one registry of model folder kinds (`model_folder.FolderKind`)
 
 __all__ = ["FOLDER_KINDS", "JOBS", "Job", "RunOutputs", "job_of_folder", "job_of_task", "load_model"]
-__all__ += ["print_summary"]
+__all__ += ["prediction_params", "print_summary"]
+
+
+def prediction_params() -> dict[str, Param]:
+    """Every job's options of a use of its model by name (`Prediction.params`): the options predict.py
+    and tsformer-fleet take."""
+    return {param.name: param for job in JOBS.values() for param in job.prediction.params}
 
 
 def job_of_task(task_class: type) -> Job | None:

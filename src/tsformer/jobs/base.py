@@ -93,6 +93,9 @@ class Prediction:
     # predict.py writes the answer as the training file was written (separator, decimal mark, encoding,
     # time format): the answer is the input table itself, completed
     written_as_read: bool = False
+    # answer columns of ids that count across the table answered (an event's number): answering each
+    # series alone (tsformer-fleet) counts them from 0 within each series
+    per_series_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

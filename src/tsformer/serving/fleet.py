@@ -7,8 +7,11 @@ laid out as predict.py takes it. Its rows are grouped by series: a bucket is a h
 column (`groupBy(bucket).applyInPandas`), so each series reaches one Python worker whole, in file
 order, with the other series of its bucket (about `--rows-per-call` rows), and they are answered as
 predict.py answers a table of them (a CSV as `pd.read_csv` reads it): each series from its own
-history. OUT is a folder of Parquet files partitioned by series (`OUT/series_id=<id>/part-*.parquet`):
-per series, the rows predict.py writes for it, in its order.
+history. OUT is a folder of Parquet files (`OUT/part-*.parquet`), each holding whole series sorted by
+series: per series, the rows predict.py writes for it, in its order, in its columns and their types
+(the series column's too). `pd.read_parquet(OUT)` reads them all, each series' rows together (the
+files are not in the order of their series: `.sort_values("series_id", kind="stable")` gives it); one
+series: `pd.read_parquet(OUT, filters=[("series_id", "==", 7)])`.
 
 - The model folder is resolved on the driver (downloaded from MLflow if need be) and shipped to the
   executors as a folder (`SparkContext.addFile`); each Python worker loads it once, as predict.py does
@@ -50,6 +53,7 @@ from pathlib import Path
 import pandas as pd
 
 from tsformer.data.schema import DataValidationError
+from tsformer.jobs import prediction_params
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.spark import (
     ARROW,
@@ -68,15 +72,13 @@ from tsformer.tracking import TrackingServerUnreachable
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SERIES = "series_id"  # the series column of a model whose contract names none (anomaly)
+DEFAULT_SERIES = "series_id"  # the series column of a model whose contract names none
 BUCKET_COL = "_tsformer_bucket"  # the bucket of series a row is answered in
 ORDER_COL = "_tsformer_order"  # an answer row's position within its series, until it is written
 # About the rows one call of the model answers in a Python worker (whole series). One series a call
 # made 300 series 4x slower with the default forecaster, whose batches then hold one window each
 # (benchmarks/RESULTS_fleet.md).
 ROWS_PER_CALL = 50_000
-# answer columns that count across a table: the fleet counts them within each series
-PER_SERIES_IDS = ("event_id",)  # an anomaly model's events
 FAILED = re.compile(r"SeriesFailed: (.+)")  # an executor's error, as it reaches the driver's message
 # pyspark 4.3 warns on every use with pandas 3; the equality test (tests/test_fleet.py) is the check
 warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
@@ -96,7 +98,7 @@ class FleetResult:
     n_series: int
     n_rows: int  # answer rows
     job: str  # the model's job
-    partition_col: str  # OUT/<partition_col>=<series>/
+    series_col: str  # the answer's series column: each file of OUT holds whole series, sorted by it
 
 
 # -- tables as predict.py reads them, answers as it writes them ---------------------------------------
@@ -127,13 +129,12 @@ def as_table(rows: pd.DataFrame, series: str, csv: dict | None) -> pd.DataFrame:
     return table
 
 
-def numbered_within_series(answer: pd.DataFrame, partition: str) -> pd.DataFrame:
-    """The answer with its ids that count across a table (`PER_SERIES_IDS`) counted from 0 in each
-    series, and each row's position in its series (`ORDER_COL`)."""
-    by_series = answer.groupby(partition, sort=False, dropna=False)
-    renumbered = {
-        col: answer[col] - by_series[col].transform("min") for col in PER_SERIES_IDS if col in answer.columns
-    }
+def numbered_within_series(answer: pd.DataFrame, series: str, ids: tuple[str, ...]) -> pd.DataFrame:
+    """The answer with its columns `ids` (that count across a table: the job's
+    `Prediction.per_series_ids`) counted from 0 in each series, and each row's position in its series
+    (`ORDER_COL`)."""
+    by_series = answer.groupby(series, sort=False, dropna=False)
+    renumbered = {col: answer[col] - by_series[col].transform("min") for col in ids if col in answer.columns}
     return answer.assign(**renumbered, **{ORDER_COL: by_series.cumcount()})
 
 
@@ -170,7 +171,7 @@ def answer_bucket(key: tuple, rows: pd.DataFrame, plan: dict) -> pd.DataFrame:
     series, answered = plan["counts"]
     series.add(table[plan["series"]].nunique(dropna=False))
     answered.add(len(answer))
-    return numbered_within_series(answer, plan["partition"])
+    return numbered_within_series(answer, plan["answer_series"], plan["per_series_ids"])
 
 
 def _failing_series(predictor, table: pd.DataFrame, plan: dict, err: Exception) -> str:
@@ -224,10 +225,11 @@ def score_fleet(
         plan = {"series": series, "params": params, "csv": csv if is_csv(data) else None, "source": data}
         first = _first_series_answer(frame, predictor, plan)
         plan["model"] = ship_folder(spark, folder, "tsformer-model")
-    plan["partition"] = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
-    if plan["partition"] is None:
+    plan["answer_series"] = next((c for c in (series, DEFAULT_SERIES) if c in first.columns), None)
+    if plan["answer_series"] is None:
         raise FleetError(f"the {predictor.job.name} model's answer names no series: {list(first.columns)}")
     plan["columns"] = list(first.columns)
+    plan["per_series_ids"] = predictor.job.prediction.per_series_ids
     plan["counts"] = (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0))  # series, rows
 
     def answer(key: tuple, rows: pd.DataFrame) -> pd.DataFrame:  # pickled to the executors
@@ -235,11 +237,12 @@ def score_fleet(
 
     schema = spark_schema(first).add(ORDER_COL, "long")
     scored = _buckets(frame, series, rows_per_call).groupBy(BUCKET_COL).applyInPandas(answer, schema)
-    # each series' rows in their order: the writer then sorts nothing (its files by series are sorted)
-    scored = scored.sortWithinPartitions(plan["partition"], ORDER_COL).drop(ORDER_COL)
-    _write(scored, plan["partition"], out, overwrite)
+    # a partition of the answer holds whole buckets, so a file whole series: each file sorted by series,
+    # each series' rows in their order (no further shuffle; the series column keeps its type and place)
+    scored = scored.sortWithinPartitions(plan["answer_series"], ORDER_COL).drop(ORDER_COL)
+    _write(scored, out, overwrite)
     series_count, rows = plan["counts"]
-    return FleetResult(output, series_count.value, rows.value, predictor.job.name, plan["partition"])
+    return FleetResult(output, series_count.value, rows.value, predictor.job.name, plan["answer_series"])
 
 
 def _buckets(frame, series: str, rows_per_call: int):
@@ -265,7 +268,7 @@ def _read(spark, data: str, series: str, csv: dict):
     """DATA as a Spark DataFrame, with its series column."""
     try:
         frame = read_table(spark, data, csv)
-    except FileNotFoundError:
+    except (FileNotFoundError, DataValidationError):  # predict.py's lines for the same file
         raise
     except Exception as err:  # Spark's AnalysisException: a folder of no Parquet, a file it cannot read
         raise FleetError(f"{data}: cannot be read: {first_line(err)}") from err
@@ -290,11 +293,12 @@ def _first_series_answer(frame, predictor, plan: dict) -> pd.DataFrame:
         raise FleetError(f"series {shown(sid)}: {type(err).__name__}: {first_line(err)}") from err
 
 
-def _write(scored, partition: str, out: OutputFolder, overwrite: bool) -> None:
+def _write(scored, out: OutputFolder, overwrite: bool) -> None:
     """The answers written to the temporary folder, which becomes the output when complete; on any
     failure it is deleted, and a failed series' line raised."""
     try:
-        scored.write.partitionBy(partition).mode("errorifexists").parquet(out.tmp_uri)
+        # a file a partition, however large (a session's maxRecordsPerFile would split a series)
+        scored.write.option("maxRecordsPerFile", 0).mode("errorifexists").parquet(out.tmp_uri)
         out.commit(overwrite)
     except BaseException as err:
         out.discard()
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection notes: nothing to act on
-    params = {name: getattr(args, name) for name in job_params() if getattr(args, name)}
+    params = {name: getattr(args, name) for name in prediction_params() if getattr(args, name)}
     try:
         spark = spark_session(args.master, dict(_setting(s) for s in args.conf))
         result = score_fleet(
@@ -327,16 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"{result.job} model: {result.n_series} series, {result.n_rows} rows answered: {result.output} "
-        f"(Parquet, a folder per {result.partition_col})"
+        f"(Parquet files, whole series per file, sorted by {result.series_col})"
     )
     return 0
-
-
-def job_params() -> dict:
-    """Every job's options of a use of its model by name (`Prediction.params`), as predict.py takes them."""
-    from tsformer.jobs import JOBS
-
-    return {param.name: param for job in JOBS.values() for param in job.prediction.params}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -345,9 +342,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("model", help="MLflow run id, runs:/ or models:/ URI, or a model/run folder")
     parser.add_argument("data", help="CSV file, Parquet file or folder of Parquet files (a path or a URI)")
-    parser.add_argument("--output", "-o", required=True, help="the answers' folder (Parquet, by series)")
+    parser.add_argument(
+        "--output", "-o", required=True, help="the answers' folder (Parquet files of whole series)"
+    )
     parser.add_argument("--series", help="DATA's series column (default: the model's)")
-    for param in job_params().values():  # predict.py's options of the jobs' uses
+    for param in prediction_params().values():  # predict.py's options of the jobs' uses
         kind = {"action": "store_true"} if param.kind is bool else {}
         parser.add_argument(param.flag, dest=param.name, help=param.help.replace("%", "%%"), **kind)
     parser.add_argument(

@@ -132,8 +132,8 @@ def read_table(spark, data: str, csv: dict):
     malformed row fails the read, none is dropped), else Parquet (a file or a folder of files)."""
     from pyspark.sql import functions as F
 
-    if is_local(data) and not Path(data).expanduser().exists():
-        raise FileNotFoundError(f"data not found: {data} (resolved to {Path(data).expanduser().resolve()})")
+    if is_local(data):
+        check_local_table(Path(data).expanduser())
     path = str(Path(data).expanduser().resolve()) if is_local(data) else data
     if is_csv(data):
         reader = spark.read.options(
@@ -147,6 +147,23 @@ def read_table(spark, data: str, csv: dict):
     return frame.select(
         "*", F.col("_metadata.file_path").alias(FILE_COL), F.monotonically_increasing_id().alias(ROW_COL)
     )
+
+
+def check_local_table(path: Path) -> None:
+    """A local DATA that Spark can read, or predict.py's line for it (rather than Spark's Java message):
+    a file of a type predict.py reads; a Parquet file's, or each Parquet file of a folder's, footer read."""
+    from tsformer.data.sources import check_parquet_footer, reader_of
+
+    if not path.exists():
+        raise FileNotFoundError(f"data not found: {path} (resolved to {path.resolve()})")
+    if path.is_file():
+        reader_of(path)  # a type predict.py reads
+        if not is_csv(path.name):
+            check_parquet_footer(path)
+        return
+    for file in sorted(path.rglob("*")):  # the files Spark reads: none hidden ("_SUCCESS", ".crc")
+        if file.is_file() and not any(part.startswith(("_", ".")) for part in file.relative_to(path).parts):
+            check_parquet_footer(file)
 
 
 def is_csv(data: str) -> bool:

@@ -249,11 +249,16 @@ class ClassificationTask(TakesSettings, Optimised, L.LightningModule):
         """Calibrated probabilities `(B, C)`: softmax(logits / temperature)."""
         return (self.logits(batch) / self.temperature).softmax(dim=-1)
 
+    def augmented(self, batch: dict) -> dict:
+        """`batch` as a training step sees it: the run's augmentations (`augment`), drawn from the task's
+        own random stream (seeded by the run's seed)."""
+        return self.augment(batch, len(self.classes), self._augment_rng)
+
     # -- Lightning steps ------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         if self.augment.active:  # training batches only: validation and test read the samples as they are
-            batch = self.augment(batch, len(self.classes), self._augment_rng)
+            batch = self.augmented(batch)
         logits = self(batch["x"], batch["valid"])
         target = batch.get("soft_label", batch["label"])  # mixup's mixed one-hot labels (B, C), or (B,)
         loss = F.cross_entropy(

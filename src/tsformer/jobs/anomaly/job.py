@@ -175,6 +175,6 @@ JOB = job_of_module(
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
-    prediction=Prediction(answer, report),
+    prediction=Prediction(answer, report, per_series_ids=("event_id",)),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

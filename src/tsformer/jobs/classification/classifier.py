@@ -200,7 +200,7 @@ class Classifier:
             raise ValueError(not_a_classifier(self.info))
         c = self.contract
         if c.layout == "stream":
-            info, samples, labels, steps = self._stream_windows(table, source, time_format or c.time_format)
+            info, samples, labels, steps = self.stream_windows(table, source, time_format or c.time_format)
         else:
             cols = SequenceColumns(c.series_col, c.step_col, c.label_col, c.channel_cols)
             found = read_sequences(table, source, cols, labelled=False)
@@ -220,8 +220,13 @@ class Classifier:
         """Scaled samples `(T_i, D)` -> probabilities `(S, C)`, in batches padded to their longest."""
         return probabilities(self.task, samples, len(self.classes))
 
-    def _stream_windows(self, table: pd.DataFrame, source: str, time_format: str | None):
+    def stream_windows(self, table: pd.DataFrame, source: str, time_format: str | None = None):
+        """A stream's windows as `predict` classifies them, before scaling: (info: `series_id`,
+        `window_end_time` per window; windows `(context_len, D)` of the channels; the label of each
+        window's last step, None without a label column; each window's times). `time_format`: the
+        table's text times (default: the training data's)."""
         c = self.contract
+        time_format = time_format or c.time_format
         schema = SeriesSchema(
             time_col=c.time_col, target_cols=c.channel_cols, series_col=c.series_col, freq=c.freq,
             time_format=time_format,
