@@ -70,9 +70,9 @@ def reader_of(path: Path):
     return reader
 
 
-def unreadable(path: Path, err: Exception) -> DataValidationError:
-    """The line saying a table file cannot be read, and why."""
-    return DataValidationError(f"{path}: cannot be read as {path.suffix or 'Parquet'} ({err})")
+def unreadable(path: Path, err: Exception, kind: str | None = None) -> DataValidationError:
+    """The line saying a table file cannot be read as `kind` (default: its suffix), and why."""
+    return DataValidationError(f"{path}: cannot be read as {kind or path.suffix} ({err})")
 
 
 def check_parquet_footer(path: Path) -> None:
@@ -83,7 +83,8 @@ def check_parquet_footer(path: Path) -> None:
     try:
         pq.read_table(path, columns=[])  # as pandas opens it (the same error), reading no column
     except (ValueError, OSError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise unreadable(path, err) from err
+        named = path.suffix.lower() in (".parquet", ".pq")  # else a file of a folder Spark reads as Parquet
+        raise unreadable(path, err, None if named else "Parquet") from err
 
 
 # In a checkout, relative data paths are also looked up under it, so that train.py finds data/ from any
