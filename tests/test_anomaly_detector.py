@@ -63,8 +63,8 @@ def test_a_rows_score_is_the_mean_over_the_windows_that_cover_it():
 
 
 def test_the_state_channel_rule_and_the_data_leave_states_as_they_are():
-    values = np.array([[0.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.5, 5.0]])
-    # 0/1 values; constant 1; a third level; a constant other than 0 or 1
+    values = np.array([[0.0, 1.0, 0.0, 5.0], [1.0, 0.0, 0.0, 5.0], [1.0, 1.0, 0.5, 5.0]])
+    # 0/1 values twice; a third level; a constant (its own kind: tests/test_anomaly_constant_channels.py)
     assert state_channels(values).tolist() == [True, True, False, False]
     table = pd.DataFrame(np.tile(values, (20, 1)), columns=list("abcd"))
     data = AnomalyData(table, target_cols=list("abcd"), context_len=4, train_end=40)
@@ -248,9 +248,10 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
         ({"stride": 9}, "stride=9: at most context_len (8)"),
         ({"state_channels": ["c"]}, "state_channels: ['c'] are not channels"),
+        ({"constant_channels": ["c"]}, "constant_channels: ['c'] are not channels"),
         (
-            {"state_channels": ["target_0", "target_1"], "score": "hybrid"},
-            "score=hybrid: every channel is a state",
+            {"state_channels": ["target_0"], "constant_channels": ["target_0"]},
+            "constant_channels: ['target_0'] are state_channels too",
         ),
     ],
 )

@@ -13,7 +13,9 @@ evaluate the judged rows: it is never a model input, nor used for training or th
 Values enter the network standardised by the train rows' mean and sd per channel (`loc`, `scale`),
 never per window: a level that drifted away is what a detector must see. A state channel
 (`state_channels`: every train value is 0 or 1, a command or a switch) enters as it is: z-scored, a
-rare toggle would be a jump of many sd that drowns the measured channels. Windows of `context_len +
+rare toggle would be a jump of many sd that drowns the measured channels. A constant channel
+(`constant_channels`: one value in every train row, whatever it is) is its own kind: it enters the
+network at that value (0 once standardised), and the detector scores its departures apart. Windows of `context_len +
 horizon` rows, stride 1, never cross series; the batches are those of the window tasks
 (`hist_target`, ..., `window`), without covariates.
 """
@@ -84,12 +86,20 @@ def check_labels(table: pd.DataFrame, label_col: str | None) -> None:
         )
 
 
-def state_channels(values: np.ndarray) -> np.ndarray:
-    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1: states
-    (a command, a switch, a valve open or shut), not measurements. A channel constant at 0 or 1 in the
-    train rows is a state too (a command never given there); any other level makes a measurement."""
+def constant_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) that hold one value in every row: not
+    a measurement (no spread to scale by) nor a state (no switching seen), their own kind: any
+    departure from that value is the anomaly."""
     values = np.asarray(values, dtype=float)
-    return ((values == 0.0) | (values == 1.0)).all(axis=0)
+    return (values == values[:1]).all(axis=0) if len(values) else np.zeros(values.shape[1], dtype=bool)
+
+
+def state_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1 and that
+    take both: states (a command, a switch, a valve open or shut), not measurements. A channel at one
+    value throughout (0 or 1 included) is a constant (`constant_channels`)."""
+    values = np.asarray(values, dtype=float)
+    return ((values == 0.0) | (values == 1.0)).all(axis=0) & ~constant_channels(values)
 
 
 def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -209,6 +219,11 @@ class AnomalyData(L.LightningDataModule):
         """The channels read as states (`state_channels`) from the train rows."""
         return [c for c, state in zip(self.channels, self.states, strict=True) if state]
 
+    @property
+    def constant_names(self) -> list[str]:
+        """The channels constant in the train rows (`constant_channels`)."""
+        return [c for c, constant in zip(self.channels, self.constants, strict=True) if constant]
+
     def setup(self, stage: str | None = None) -> None:
         """Read, check and split the table, standardise, window. Idempotent."""
         if self.datasets:
@@ -224,7 +239,8 @@ class AnomalyData(L.LightningDataModule):
         check_table(test, self.channels, self.window, "judged rows")
         values = train[self.channels].to_numpy(dtype=float)
         self.states = state_channels(values)  # (C,) bool: entered as they are
-        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,)
+        self.constants = constant_channels(values)  # (C,) bool: entered at their value, 0 standardised
+        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,): a constant's value
         sd = values.std(axis=0)
         self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1
         self.tables = dict(zip(SPLITS, (train, val, test), strict=True))
@@ -234,8 +250,10 @@ class AnomalyData(L.LightningDataModule):
         }
 
     def standardised(self, table: pd.DataFrame) -> list[np.ndarray]:
-        """Each series' values `(T_s, C)` standardised by the train rows' mean and sd."""
+        """Each series' values `(T_s, C)` standardised by the train rows' mean and sd (a constant
+        channel at its train value: 0)."""
         values = (table[self.channels].to_numpy(dtype=float) - self.loc) / self.scale
+        values[:, self.constants] = 0.0
         return [values[rows] for rows in series_rows(table).values()]
 
     def n_windows(self, split: str) -> int:

@@ -37,14 +37,15 @@ ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
 def task_sizes(datamodule) -> dict:
-    """The channels are the detector's targets, the states among them read from the train rows; it
-    takes no covariates."""
+    """The channels are the detector's targets, the states and constants among them read from the train
+    rows; it takes no covariates."""
     return {
         "d_target": len(datamodule.channels),
         "d_known": 0,
         "d_observed": 0,
         "target_names": datamodule.channels,
         "state_channels": datamodule.state_names,
+        "constant_channels": datamodule.constant_names,
     }
 
 
@@ -74,7 +75,8 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     return RunOutputs(
         folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
-                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names)},
+                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names,
+                                           task.constant_names)},
     )  # fmt: skip
 
 
@@ -163,7 +165,9 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
     """What predict.py prints: the judged table's events, labelled incidents and alarm rate as the run's
     summary gives them (`report.report_lines`), and the files written."""
     events = rows.attrs["beside"]["events"]
-    lines = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    lines = report_lines(
+        rows, events, model.false_alarm_rate, model.detector.state_names, model.detector.constant_names
+    )
     return "\n".join([*lines, *(f"written: {path}" for path in written)])
 
 

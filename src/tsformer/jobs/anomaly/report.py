@@ -2,7 +2,7 @@
 evaluation against labels.
 
 - `report_lines`: rows judged, alarms and events at the threshold (what it was calibrated on); the
-  channels read as states; each event (series, start - end time, rows, top sensors, peak over the
+  channels read as states and those constant in the train rows; each event (series, start - end time, rows, top sensors, peak over the
   threshold); with labels, each labelled incident found (an event holds its first row), late (an event
   overlaps it later: by how many rows and how long after its first row) or
   missed (its peak score over the threshold), and the normal rows' alarm rate beside its target
@@ -109,7 +109,11 @@ def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
 
 
 def report_lines(
-    rows: pd.DataFrame, events: pd.DataFrame, target_rate: float, states: list[str]
+    rows: pd.DataFrame,
+    events: pd.DataFrame,
+    target_rate: float,
+    states: list[str],
+    constants: list[str] = (),
 ) -> list[str]:
     """The lines an engineer reads of a judged table (module docstring)."""
     threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
@@ -120,6 +124,11 @@ def report_lines(
         "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): "
         + (", ".join(states) if states else "none"),
     ]
+    if constants:
+        lines.append(
+            "constant channels (one value in the train rows: entered at it, any departure from it scores): "
+            + ", ".join(constants)
+        )
     if len(events):
         lines.append("events (series, start - end, rows, top sensors, peak score / threshold at its time):")
     for e in events.head(MAX_LISTED).itertuples():
