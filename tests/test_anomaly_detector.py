@@ -196,6 +196,17 @@ def test_events_k_of_n_merge_gap_and_min_duration():
     assert ev[30] == -1 and ev[31] == ev[33] == 1 and ev[34] == -1
 
 
+def test_hysteresis_holds_an_event_while_the_score_stays_above_the_release_level():
+    over = np.array([0.5, 1.2, 0.9, 1.1, 0.9, 0.95, 0.3, 1.2, 0.9])  # score / threshold
+    alarm = over > 1.0
+    without = events_of(alarm, EventRule(merge_gap=0), over)
+    assert without.tolist() == [-1, 0, -1, 1, -1, -1, -1, 2, -1]  # a wavering score: three pages
+    held = events_of(alarm, EventRule(merge_gap=0, release=0.8), over)
+    assert held.tolist() == [-1, 0, 0, 0, 0, 0, -1, 1, 1]  # one event until it falls below 0.8
+    with pytest.raises(ValueError, match="release=0 must lie in"):
+        EventRule(release=0)
+
+
 def test_threshold_from_the_pareto_tail_matches_a_known_distribution():
     rng = np.random.default_rng(0)
     scores = rng.exponential(size=5000)  # exceeds x with probability exp(-x)

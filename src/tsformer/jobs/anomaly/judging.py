@@ -81,7 +81,7 @@ class AnomalyModel:
         event = np.full(len(table), -1)
         n_events = 0
         for rows in series_rows(table).values():  # events never cross series
-            local = events_of(alarm[rows], self.rule)
+            local = events_of(alarm[rows], self.rule, scores.score[rows] / self.threshold)
             event[rows] = np.where(local >= 0, local + n_events, -1)
             n_events += int(local.max()) + 1 if (local >= 0).any() else 0
         series = table[SERIES_COL].to_numpy() if SERIES_COL in table.columns else np.zeros(len(table), int)

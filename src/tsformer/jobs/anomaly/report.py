@@ -73,26 +73,68 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def _elapsed(start, end) -> str:
-    """`end - start` as text: a duration for times, rows otherwise."""
+def duration_text(delta: pd.Timedelta) -> str:
+    """A duration as an operator reads it: `1 h 29 min`, `2 days 3 h`, `45 s` (its two largest units)."""
+    seconds = round(pd.Timedelta(delta).total_seconds())
+    if seconds == 0:
+        return "0 s"
+    units = [("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1)]
+    parts = []
+    for name, size in units:
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {name}{'s' if name == 'day' and count > 1 else ''}")
+    return " ".join(parts[:2])
+
+
+def _elapsed(start, end) -> str | None:
+    """`end - start` as a duration (`duration_text`) when the rows have times, else None."""
+    if isinstance(start, int | float | np.integer | np.floating):  # a row number, not a time
+        return None
     try:
-        return str(pd.Timestamp(end) - pd.Timestamp(start))
+        return duration_text(pd.Timestamp(end) - pd.Timestamp(start))
     except (TypeError, ValueError):
-        return f"{end - start} rows"
+        return None
+
+
+def plant_days(rows: pd.DataFrame) -> float | None:
+    """The time the judged rows span, summed over the series, in days (one row's step added to each
+    series' span); None when the rows have no times."""
+    times = rows["time"]
+    if pd.api.types.is_numeric_dtype(times):
+        return None
+    try:
+        times = pd.to_datetime(times)
+    except (TypeError, ValueError):
+        return None
+    total = pd.Timedelta(0)
+    for at in series_rows(rows).values():
+        span = times.iloc[at]
+        step = span.diff().median() if len(span) > 1 else pd.Timedelta(0)
+        total += span.iloc[-1] - span.iloc[0] + (step if pd.notna(step) else pd.Timedelta(0))
+    return total / pd.Timedelta(days=1)
+
+
+def false_event_ids(rows: pd.DataFrame, events: pd.DataFrame) -> set[int]:
+    """The events that overlap no labelled row (the rows carry labels)."""
+    label = rows["label"].to_numpy().astype(bool)
+    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
+    return {int(e) for e in events["event_id"] if not label[event == e].any()}
 
 
 def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
     """Alarm figures against the labels: the normal rows' alarm rate (and per 1,000), the incidents
-    found (event recall), late and their mean delay in rows, false events, AUC-PR."""
+    found (event recall), late and their mean and median delay in rows, false events (and per day of
+    the judged rows, when they have times), AUC-PR."""
     from sklearn.metrics import average_precision_score
 
     label = rows["label"].to_numpy().astype(bool)
     alarm = rows["alarm"].to_numpy().astype(bool)
-    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     incidents = incidents_table(rows, events)
     hit = incidents["status"] != "missed"
-    false_events = [e for e in events["event_id"] if not label[event == e].any()]
+    false_events = false_event_ids(rows, events)
     rate = float(alarm[~label].mean()) if (~label).any() else float("nan")
+    days = plant_days(rows)
     metrics = {
         "normal_alarm_rate": rate,
         "false_alarms_per_1000": 1000.0 * rate,
@@ -102,6 +144,8 @@ def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
         "mean_delay_rows": float(incidents.loc[hit, "delay_rows"].mean()) if hit.any() else float("nan"),
         "n_events": float(len(events)),
         "false_events": float(len(false_events)),
+        "false_events_per_day": float(len(false_events) / days) if days else float("nan"),
+        "median_delay_rows": float(incidents.loc[hit, "delay_rows"].median()) if hit.any() else float("nan"),
     }
     if label.any() and (~label).any():
         metrics["auc_pr"] = float(average_precision_score(label, rows["score"].to_numpy()))
@@ -129,12 +173,14 @@ def report_lines(
             "constant channels (one value in the train rows: entered at it, any departure from it scores): "
             + ", ".join(constants)
         )
+    false = false_event_ids(rows, events) if "label" in rows.columns else set()
     if len(events):
         lines.append("events (series, start - end, rows, top sensors, peak score / threshold at its time):")
     for e in events.head(MAX_LISTED).itertuples():
         lines.append(
             f"  #{e.event_id} series {e.series_id}: {e.start} - {e.end} ({_rows(e.n_rows)}), "
             f"{e.top_channels.replace(';', ', ')}; peak {e.peak_score / threshold:.3g}x at {e.peak_time}"
+            + (": FALSE EVENT (overlaps no labelled incident)" if e.event_id in false else "")
         )
     if len(events) > MAX_LISTED:
         lines.append(f"  ... and {len(events) - MAX_LISTED} more (the events CSV)")
@@ -154,7 +200,9 @@ def report_lines(
         if i.status == "missed":
             lines.append(f"{where} (its peak score {i.peak_over_threshold:.3g}x the threshold)")
             continue
-        late = f" by {_rows(i.delay_rows)} ({i.delay})" if i.status == "late" else ""
+        late = ""
+        if i.status == "late":
+            late = f" by {i.delay} ({_rows(i.delay_rows)})" if i.delay else f" by {_rows(i.delay_rows)}"
         top = i.top_channels.replace(";", ", ")
         lines.append(f"{where}{late}, event #{i.event_ids.replace(';', ', #')}, top sensors {top}")
     if len(incidents) > MAX_LISTED:
@@ -166,6 +214,17 @@ def report_lines(
         f"normal rows alarmed: {n_alarmed} of {int(normal.sum())} = {rate:.4f} (target {target_rate:g}, "
         "model.false_alarm_rate)"
     )
+    days, hit = plant_days(rows), incidents[incidents["status"] != "missed"]
+    per_day = f" = {len(false) / days:.2f} per day over {days:.1f} days judged" if days else ""
+    delays = ""
+    if len(hit):
+        median = hit["delay_rows"].median()
+        times = pd.to_datetime(rows["time"]) if days else None
+        step = times.diff().median() if times is not None else None
+        delays = f"; median detection delay {median:g} rows" + (
+            f" ({duration_text(median * step)})" if step is not None and pd.notna(step) else ""
+        )
+    lines.append(f"false events: {len(false)}{per_day}{delays}")
     return lines
 
 
