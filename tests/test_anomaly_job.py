@@ -170,3 +170,42 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (name, err)
         assert not (tmp_path / f"{name}_out.csv").exists()
         assert not (tmp_path / f"{name}_out.csv").exists()
+
+
+def test_a_new_plant_is_said_plainly_and_recalibrates_on_a_stretch_declared_normal(trained, tmp_path, capsys):
+    """The README's new plant (`tsformer-data simulate plant_anomaly --seed 1`), its pressure sensor read
+    with another offset: predict.py says in one line that the table is unlike the threshold's normal
+    rows; with --normal-rows (params["normal_rows"] of the predictor) it is judged by the model
+    recalibrated on that stretch, the model folder left as it is."""
+    result, _, _, _ = trained
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5, seed=1)
+    table["dynamic_pressure"] += 3 * table["dynamic_pressure"].std()  # a changed sensor
+    table.to_csv(tmp_path / "new.csv", index=False)
+    out = str(tmp_path / "scored.csv")
+    assert predict_main([str(result.model_folder), str(tmp_path / "new.csv"), "-o", out]) == 0
+    plain = capsys.readouterr().out.splitlines()
+    unlike = [line for line in plain if line.startswith("unlike the normal rows the threshold came from: ")]
+    assert len(unlike) == 1 and "--normal-rows A:B" in unlike[0] and "init_from" in unlike[0]
+    before = pd.read_csv(out)
+
+    args = [str(result.model_folder), str(tmp_path / "new.csv"), "-o", out, "--normal-rows", "0:300"]
+    assert predict_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "threshold recalibrated on the rows declared normal (normal_rows=0:300)" in printed
+    after = pd.read_csv(out)
+    model = AnomalyModel.load(result.model_folder)
+    stretch = np.concatenate([rows[:300] for rows in table.groupby("series_id", sort=False).indices.values()])
+    detector = model.detector
+    threshold = float(detector.threshold)
+    detector.calibrate(table.iloc[np.sort(stretch)].reset_index(drop=True))  # the same rows, by hand
+    assert after["threshold"].iloc[0] == pytest.approx(float(detector.threshold))
+    assert before["threshold"].iloc[0] == pytest.approx(threshold) != after["threshold"].iloc[0]
+    # the predictor (tsformer-serve, the pyfunc model) takes the same key; the folder's model is unchanged
+    predictor = Predictor.of_folder(result.model_folder)
+    served = predictor.predict(table, {"normal_rows": "0:300"})
+    np.testing.assert_allclose(served["threshold"], after["threshold"])
+    assert predictor.predict(table.head(200), {})["threshold"].iloc[0] == pytest.approx(threshold)
+    for spec, message in [("x", "give 'A:B'"), ("5000:6000", "no row of the table lies in it")]:
+        assert predict_main([*args[:-1], spec]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err

@@ -80,7 +80,16 @@ def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target(
     )
     assert "loss" not in text
     unlabelled = report_lines(rows.drop(columns="label"), events, 0.001, [])
-    assert unlabelled[-1] == "rows alarmed: 13 of 100 = 0.1300 (normal rows' target 0.001)"
+    assert unlabelled[-2] == "rows alarmed: 13 of 100 = 0.1300 (normal rows' target 0.001)"
+    # 130 times the target: the table is unlike the rows the threshold came from, said in one line
+    assert unlabelled[-1].startswith(
+        "unlike the normal rows the threshold came from: 0.1300 of the rows alarmed against the target 0.001 "
+        "(130x), a new asset or a changed sensor? Recalibrate"
+    )
+    recalibrated = report_lines(rows.drop(columns="label"), events, 0.001, [], recalibrated_on="0:50")
+    assert "threshold recalibrated on the rows declared normal (normal_rows=0:50)" in recalibrated[2]
+    assert recalibrated[-1].startswith("still unlike its declared normal rows: 0.1300")
+    assert not any(line.startswith("unlike") for line in report_lines(rows, events, 0.01, []))  # 4.5x
 
 
 def test_the_figures_put_time_on_x_name_the_events_and_keep_incidents_above_them():

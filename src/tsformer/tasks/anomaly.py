@@ -397,6 +397,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         *args,
         score: str = "restoration",
         channel_out: bool = True,
+        channel_groups: int = 0,  # 0: each scored channel its own group (the folders written before)
         n_masks: int = 5,
         run_length: int = 4,
         stride: int = 4,
@@ -420,6 +421,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         for name, value in settings.items():
             if int(value) < 1:
                 raise ValueError(f"{name}={value}: at least 1")
+        if int(channel_groups) < 0:
+            raise ValueError(f"channel_groups={channel_groups}: at least 1, or 0 (one group per channel)")
         if int(stride) > self.hparams.context_len:
             raise ValueError(
                 f"stride={stride}: at most context_len ({self.hparams.context_len}), or rows go unscored"
@@ -569,7 +572,11 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
 
     def scoring_masks(self) -> list[list[torch.Tensor]]:
         """Per kind of error, the masks `(N, C)` each window is restored under: interleaved runs over the
-        scored channels, then (with `channel_out`) each scored channel's first half and second half."""
+        scored channels, then (with `channel_out`) the first half and the second half of each group of
+        scored channels: at most `channel_groups` groups, every `channel_groups`-th scored channel in one
+        (one channel a group up to that many channels; 0: always one: a wide table costs 2 x
+        channel_groups passes, not 2 per channel, each channel restored from the channels outside its
+        group)."""
         hp = self.hparams
         N, C = hp.context_len, hp.d_target
         scored = torch.from_numpy(self.is_scored).unsqueeze(0)  # (1, C)
@@ -578,9 +585,11 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         if hp.channel_out:
             first = (torch.arange(N) < N // 2).unsqueeze(1)  # (N, 1)
             halves = []
-            for c in np.flatnonzero(self.is_scored):
-                channel = (torch.arange(C) == int(c)).unsqueeze(0)  # (1, C)
-                halves += [first & channel, ~first & channel]
+            scored_channels = np.flatnonzero(self.is_scored)
+            n_groups = int(hp.get("channel_groups") or 0) or len(scored_channels)
+            for g in range(min(n_groups, len(scored_channels))):
+                group = torch.from_numpy(np.isin(np.arange(C), scored_channels[g::n_groups])).unsqueeze(0)  # (1, C)
+                halves += [first & group, ~first & group]
             kinds.append(halves)
         return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]
 

@@ -22,6 +22,9 @@ from tsformer.data.anomaly import series_rows
 from tsformer.tasks.anomaly import Scores
 
 MAX_LISTED = 20  # events and incidents listed in the summary (all of them are in the CSVs)
+# a judged table is unlike the threshold's normal rows when more than this many times its target rate of
+# rows are alarmed, and at least UNLIKE_LEAST rows (a few alarms on a short table are chance)
+UNLIKE_FACTOR, UNLIKE_LEAST = 10.0, 10
 
 
 def labelled_incidents(rows: pd.DataFrame) -> list[np.ndarray]:
@@ -158,6 +161,7 @@ def report_lines(
     target_rate: float,
     states: list[str],
     constants: list[str] = (),
+    recalibrated_on: str | None = None,
 ) -> list[str]:
     """The lines an engineer reads of a judged table (module docstring)."""
     threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
@@ -168,6 +172,11 @@ def report_lines(
         "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): "
         + (", ".join(states) if states else "none"),
     ]
+    if recalibrated_on:
+        lines.append(
+            f"threshold recalibrated on the rows declared normal (normal_rows={recalibrated_on}), "
+            "not on the training's held-out rows"
+        )
     if constants:
         lines.append(
             "constant channels (one value in the train rows: entered at it, any departure from it scores): "
@@ -187,7 +196,8 @@ def report_lines(
     if "label" not in rows.columns:
         rate = alarms / max(1, len(rows))
         return lines + [
-            f"rows alarmed: {alarms} of {len(rows)} = {rate:.4f} (normal rows' target {target_rate:g})"
+            f"rows alarmed: {alarms} of {len(rows)} = {rate:.4f} (normal rows' target {target_rate:g})",
+            *unlike_line(alarms, len(rows), target_rate, recalibrated_on),
         ]
     incidents = incidents_table(rows, events)
     counts = incidents["status"].value_counts()
@@ -225,7 +235,24 @@ def report_lines(
             f" ({duration_text(median * step)})" if step is not None and pd.notna(step) else ""
         )
     lines.append(f"false events: {len(false)}{per_day}{delays}")
-    return lines
+    return lines + unlike_line(n_alarmed, int(normal.sum()), target_rate, recalibrated_on)
+
+
+def unlike_line(alarms: int, n_rows: int, target_rate: float, recalibrated_on: str | None) -> list[str]:
+    """One line when `alarms` of `n_rows` (normal rows, or all rows without labels) are far more than
+    the threshold's target lets normal rows reach (`UNLIKE_FACTOR` times, and `UNLIKE_LEAST` alarms at
+    least): the table is unlike the normal rows the threshold came from, with the ways out."""
+    if n_rows == 0 or alarms < UNLIKE_LEAST or alarms / n_rows <= UNLIKE_FACTOR * target_rate:
+        return []
+    rate = alarms / n_rows
+    if recalibrated_on:
+        return [f"still unlike its declared normal rows: {rate:.4f} of the rows alarmed against the target "
+                f"{target_rate:g} ({rate / target_rate:.0f}x); declare a longer normal stretch or fine-tune "
+                "(train.py init_from=<this model> on its rows)"]  # fmt: skip
+    return [f"unlike the normal rows the threshold came from: {rate:.4f} of the rows alarmed against the target "
+            f"{target_rate:g} ({rate / target_rate:.0f}x), a new asset or a changed sensor? Recalibrate on a "
+            "stretch of its rows known normal (predict.py --normal-rows A:B, or params "
+            '{"normal_rows": "A:B"}) or fine-tune on them (train.py init_from=<this model>)']  # fmt: skip
 
 
 # -- figures ----------------------------------------------------------------------------------------
