@@ -588,7 +588,9 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
             scored_channels = np.flatnonzero(self.is_scored)
             n_groups = int(hp.get("channel_groups") or 0) or len(scored_channels)
             for g in range(min(n_groups, len(scored_channels))):
-                group = torch.from_numpy(np.isin(np.arange(C), scored_channels[g::n_groups])).unsqueeze(0)  # (1, C)
+                group = torch.from_numpy(np.isin(np.arange(C), scored_channels[g::n_groups])).unsqueeze(
+                    0
+                )  # (1, C)
                 halves += [first & group, ~first & group]
             kinds.append(halves)
         return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]

@@ -245,14 +245,21 @@ def unlike_line(alarms: int, n_rows: int, target_rate: float, recalibrated_on: s
     if n_rows == 0 or alarms < UNLIKE_LEAST or alarms / n_rows <= UNLIKE_FACTOR * target_rate:
         return []
     rate = alarms / n_rows
+    measured = (
+        f"{rate:.4f} of the rows alarmed against the target {target_rate:g} ({rate / target_rate:.0f}x)"
+    )
     if recalibrated_on:
-        return [f"still unlike its declared normal rows: {rate:.4f} of the rows alarmed against the target "
-                f"{target_rate:g} ({rate / target_rate:.0f}x); declare a longer normal stretch or fine-tune "
-                "(train.py init_from=<this model> on its rows)"]  # fmt: skip
-    return [f"unlike the normal rows the threshold came from: {rate:.4f} of the rows alarmed against the target "
-            f"{target_rate:g} ({rate / target_rate:.0f}x), a new asset or a changed sensor? Recalibrate on a "
-            "stretch of its rows known normal (predict.py --normal-rows A:B, or params "
-            '{"normal_rows": "A:B"}) or fine-tune on them (train.py init_from=<this model>)']  # fmt: skip
+        line = (
+            f"still unlike its declared normal rows: {measured}; declare a longer normal stretch or "
+            "fine-tune (train.py init_from=<this model> on its rows)"
+        )
+    else:
+        line = (
+            f"unlike the normal rows the threshold came from: {measured}, a new asset or a changed sensor? "
+            "Recalibrate on a stretch of its rows known normal (predict.py --normal-rows A:B, or params "
+            '{"normal_rows": "A:B"}) or fine-tune on them (train.py init_from=<this model>)'
+        )
+    return [line]
 
 
 # -- figures ----------------------------------------------------------------------------------------
