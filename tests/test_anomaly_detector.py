@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from conftest import TINY_ANOMALY
 from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows, state_channels
@@ -177,6 +178,33 @@ def test_the_forecast_score_in_its_causal_form_never_reads_a_later_row(plant, tm
     np.testing.assert_array_equal(before.contributions[:120], after.contributions[:120])
     assert not np.allclose(before.score[120:], after.score[120:])
     assert (before.contributions[:, 4] == 0).all()  # the state channel is not forecast
+
+
+def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passes_as_restore_does():
+    sizes = {
+        "net": {"d_model": 8, "n_heads": 2, "n_layers": 1},
+        "d_target": 11,
+        "d_known": 0,
+        "d_observed": 0,
+    }
+    task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, channel_groups=4, window_norm=False,
+                                 interpolate_hidden=True, state_channels=["target_3"]).eval()  # fmt: skip
+    runs, halves = task.scoring_masks()
+    assert len(runs) == 5 and len(halves) == 2 * 4  # 10 scored channels in 4 groups: 8 passes, not 20
+    assert (torch.stack(halves).sum(0) == torch.from_numpy(task.is_scored).expand(8, 11)).all()  # once each
+    assert not torch.stack(halves)[..., 3].any()  # the state is never hidden
+    x = torch.randn(6, 8, 11)
+    empty = x[..., :0]
+    with torch.inference_mode():
+        for mask in [*runs, *halves]:  # the interpolation computed once per mask gives restore's values
+            expected = task.restore(
+                {"hist_target": x, "hist_known": empty, "hist_observed": empty}, mask.expand_as(x)
+            )
+            torch.testing.assert_close(task.restore_under(x, mask), expected, atol=1e-5, rtol=1e-5)
+    old = MaskedAnomalyDetector(
+        **sizes, context_len=8, horizon=0
+    )  # a folder without the setting: one per channel
+    assert len(old.scoring_masks()[1]) == 2 * 11
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------

@@ -60,7 +60,7 @@ from tsformer.data.window_scores import (
     rows_of_window_rows,
     rows_of_windows,
 )
-from tsformer.nn.masking import draw_mask
+from tsformer.nn.masking import draw_mask, interpolate
 from tsformer.tasks.alarms import EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
@@ -600,15 +600,37 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         state channels, never hidden)."""
         kinds = self.scoring_masks()
         err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
-        for chunk in torch.split(torch.arange(len(windows), device=windows.device), CHUNK):
-            x = windows[chunk]
-            empty = x[..., :0]
-            batch = {"hist_target": x, "hist_known": empty, "hist_observed": empty}
+        for a in range(0, len(windows), CHUNK):
+            x = windows[a : a + CHUNK]
             for k, kind in enumerate(kinds):
                 for mask in kind:
-                    hidden = mask.expand_as(x)
-                    err[k, chunk] += torch.where(hidden, (self.restore(batch, hidden) - x) ** 2, 0.0)
+                    err[k, a : a + CHUNK] += torch.where(mask, (self.restore_under(x, mask) - x) ** 2, 0.0)
         return err.double().cpu().numpy()
+
+    def restore_under(self, windows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them.
+        The mask is the same for all, so the interpolation the hidden values enter as is one matrix per
+        channel, computed once per mask (`interpolation`), not searched for window by window; with
+        `window_norm` (each window its own scale), `restore` itself."""
+        empty = windows[..., :0]
+        batch = {"hist_target": windows, "hist_known": empty, "hist_observed": empty}
+        if self.hparams.window_norm or not self.hparams.interpolate_hidden:
+            return self.restore(batch, mask.expand_as(windows))
+        line = torch.einsum("cnm,bmc->bnc", self.interpolation(mask), windows)  # (B, N, C)
+        hidden = mask.to(windows.dtype).expand_as(windows)
+        params = self.head.params(self.net(torch.cat([line, hidden], -1)))  # (B, N, C, P)
+        return self.head.point(params + line.unsqueeze(-1))  # the network's correction to the line
+
+    def interpolation(self, mask: torch.Tensor) -> torch.Tensor:
+        """`(C, N, N)`: per channel, the matrix taking a window's values to them with the values of `mask
+        (N, C)` replaced by `nn.masking.interpolate`'s line (its response to each step's unit value)."""
+        key = mask.cpu().numpy().tobytes()
+        cache = self.__dict__.setdefault("_interpolations", {})
+        if key not in cache:
+            N, C = mask.shape
+            units = torch.eye(N, device=mask.device).unsqueeze(2).expand(N, N, C)  # (N: unit at step j, N, C)
+            cache[key] = interpolate(units, mask.expand(N, N, C)).permute(2, 1, 0).contiguous()  # (C, n, j)
+        return cache[key]
 
     def restoration_contributions(self, windows: torch.Tensor) -> np.ndarray:
         """`(W, N, C)`: each scored value's scaled error, / the scored channels (`row_score=value`: the
