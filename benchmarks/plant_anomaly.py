@@ -11,7 +11,13 @@ summary; no MLflow run), so the plant, its faults and the detector all move with
 the normal judged rows' alarm rate against the target (`model.false_alarm_rate`), on all of them and
 on those more than a window from every fault (a window covering a fault raises the scores of the
 normal rows beside it), and per fault whether an event overlaps it, its top channel and whether that
-is the faulty sensor (or one of the pair), and the fault's largest score over the threshold.
+is the faulty sensor (or one of the pair), its detection delay, and the fault's largest score over the
+threshold; the false events per plant-day (days of judged rows, summed over the plants) and the median
+delay beside the row rates.
+
+`--new-plant A:B` also judges the README's new plant (`tsformer-data simulate plant_anomaly --seed 1`:
+every row of its table, as predict.py judges it) with each seed's model folder, as it is and recalibrated
+on rows A:B of each of its series declared normal (`predict.py --normal-rows A:B`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,18 @@ import tempfile
 import time
 
 import numpy as np
+import pandas as pd
 
-from tsformer.data.plant_anomaly import FAULTS
-from tsformer.jobs.anomaly.report import evaluate, labelled_incidents
+from tsformer.data.plant_anomaly import FAULTS, simulate_plant_anomaly
+from tsformer.jobs.anomaly.job import JOB
+from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.jobs.anomaly.report import (
+    evaluate,
+    incidents_table,
+    labelled_incidents,
+    plant_days,
+    report_lines,
+)
 from tsformer.train import compose_config, run
 
 
@@ -51,40 +66,66 @@ def judged(rows, events, rate: float, reach: int) -> dict:
     normal = rows["label"].to_numpy() == 0
     far = normal & far_from_faults(rows, reach)
     threshold = float(rows["threshold"].iloc[0])
+    days = plant_days(rows)
     print(
         f"  threshold {threshold:.3g}: alarms on the normal rows {alarm_rate(rows, normal, rate)}; on those more "
         f"than a window ({reach} rows) from every fault {alarm_rate(rows, far, rate)}; events {len(events)}, of "
-        f"them false {int(metrics['false_events'])}"
+        f"them false {int(metrics['false_events'])} in {days:.1f} plant-days"
     )
     event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     found, right = 0, 0
-    for (fault, _, sensors), at in zip(FAULTS.values(), labelled_incidents(rows), strict=True):
+    delays = incidents_table(rows, events)
+    for (fault, _, sensors), at, delay in zip(FAULTS.values(), labelled_incidents(rows), delays.itertuples(),
+                                              strict=True):  # fmt: skip
         hit = np.unique(event[at][event[at] >= 0]).astype(int)
         top = events.loc[events["event_id"].isin(hit), "top_channels"].str.split(";").str[0].tolist()
         ok = bool(top) and top[0] in sensors
         found += bool(len(hit))
         right += ok
         peak = rows["score"].to_numpy()[at].max() / threshold
+        late = f"late by {delay.delay} ({delay.delay_rows} rows)" if delay.status == "late" else delay.status
         print(
-            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  peak/threshold {peak:.2f}"
+            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  {late}  peak/threshold {peak:.2f}"
         )
     return {"normal_rate": float(rows.loc[normal, "alarm"].mean()), "far_rate": float(rows.loc[far, "alarm"].mean()),
-            "found": found, "right": right, "false_events": metrics["false_events"],
-            "auc_pr": metrics["auc_pr"]}  # fmt: skip
+            "found": found, "right": right, "false_events": metrics["false_events"], "days": days,
+            "delays": [d for d in delays["delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
-def one_seed(seed: int, overrides: list[str]) -> dict:
-    """The figures of one seed's run of `experiment=plant_anomaly`."""
+def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
+    """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model)."""
     with tempfile.TemporaryDirectory() as folder:
         cfg = compose_config(["experiment=plant_anomaly", "logger=none", f"seed={seed}", f"data.source.seed={seed}",
                               "trainer.enable_progress_bar=false", *overrides], folder)  # fmt: skip
         start = time.perf_counter()
         result = run(cfg)
         seconds = time.perf_counter() - start
+        model = AnomalyModel.load(result.model_folder)
     rows, events = result.forecasts, result.outputs.details["events"]
     print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
     reach = int(cfg.model.context_len)
-    return judged(rows, events, float(cfg.model.false_alarm_rate), reach)
+    figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach)
+    if new_plant:
+        table = simulate_plant_anomaly(
+            **{k: v for k, v in cfg.data.source.items() if k != "_target_"} | {"seed": 1}
+        )
+        for stretch in ("", new_plant):
+            params = {"time_format": "", "normal_rows": stretch}
+            answered = JOB.prediction.answer(model, table, params, "new plant")  # what predict.py does
+            print(
+                f"  the README's new plant (seed 1), {'recalibrated on rows ' + stretch if stretch else 'as it is'}:"
+            )
+            lines = report_lines(answered, answered.attrs["beside"]["events"], model.false_alarm_rate, [],
+                                 recalibrated_on=stretch or None)  # fmt: skip
+            print(
+                "\n".join(
+                    "    " + line for line in lines if line.startswith(("normal rows", "unlike", "false"))
+                )
+            )
+            figures[f"new_plant_{'recalibrated' if stretch else 'as_is'}"] = judged(
+                answered, answered.attrs["beside"]["events"], float(cfg.model.false_alarm_rate), reach
+            )
+    return figures
 
 
 def main() -> None:
@@ -93,16 +134,34 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides, e.g. model.score=memory")
+    parser.add_argument(
+        "--new-plant", metavar="A:B", help="also judge the README's new plant, recalibrated on rows A:B"
+    )
     args = parser.parse_args()
-    results = [one_seed(seed, args.set) for seed in args.seeds]
-    mean = {k: np.mean([r[k] for r in results]) for k in results[0]}
+    results = [one_seed(seed, args.set, args.new_plant) for seed in args.seeds]
+    scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
+    mean = {k: np.mean([r[k] for r in results]) for k in scalar}
+    delays = [d for r in results for d in r["delays"]]
+    days = sum(r["days"] for r in results)
+    false = sum(r["false_events"] for r in results)
     print(
         f"overrides {args.set or 'none'}; sum over seeds: faults found {sum(r['found'] for r in results)}/"
         f"{len(FAULTS) * len(results)}, top channel right {sum(r['right'] for r in results)}/"
         f"{len(FAULTS) * len(results)}; mean over seeds: normal rows' alarm rate {mean['normal_rate']:.4f} (more "
         f"than a window from every fault {mean['far_rate']:.4f}), false events {mean['false_events']:.1f}, "
-        f"AUC-PR {mean['auc_pr']:.3f}"
+        f"AUC-PR {mean['auc_pr']:.3f}; false events {false:.0f} in {days:.1f} plant-days = {false / days:.2f} per "
+        f"plant-day; median detection delay {np.median(delays) if delays else float('nan'):g} rows (1-minute rows)"
     )
+    for which in ("as_is", "recalibrated"):
+        key = f"new_plant_{which}"
+        if key in results[0]:
+            new = [r[key] for r in results]
+            print(
+                f"the new plant, {which}: normal rows' alarm rate "
+                + " / ".join(f"{n['normal_rate']:.4f}" for n in new)
+                + f" (seeds {' '.join(map(str, args.seeds))}); faults found {sum(n['found'] for n in new)}/"
+                f"{len(FAULTS) * len(new)}; false events {sum(n['false_events'] for n in new):.0f}"
+            )
 
 
 if __name__ == "__main__":
