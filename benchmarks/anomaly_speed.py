@@ -147,8 +147,8 @@ def main() -> None:
           f"{' + 1 embedding' if 'memory' in task.parts else ''}; {n_windows / score_s:.0f} windows/s; one pass "
           f"of one window {flops['restore'] / 1e6:.2f} MFLOP, in all {work / 1e9:.1f} GFLOP, "
           f"{work / 1e9 / max(network_s, 1e-9):.1f} GFLOP/s in the network's passes")  # fmt: skip
-    print("  where the time goes: " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items())
-          + f", the rest (checks, combining) {score_s - sum(steps.values()):.2f} s")  # fmt: skip
+    print("  where the time goes (a second scoring, step by step): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items())
+          + f"; the network's passes {network_s / sum(steps.values()):.0%} of it")  # fmt: skip
 
     normal = table.iloc[:train_end]
     if len(task.memory.keys) == 0:  # the recipe keeps no memory: build one as score=memory would

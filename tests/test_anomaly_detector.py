@@ -90,6 +90,14 @@ def test_validation_blocks_spread_over_the_normal_rows_and_no_window_crosses_a_p
     assert all(np.allclose(np.diff(w.numpy()) * data.scale[0], 1.0) for w in windows)
 
 
+def test_the_judged_rows_windows_of_the_test_loss_lie_side_by_side_the_normal_rows_every_one():
+    table = pd.DataFrame({"series_id": np.repeat(["a", "b"], 100), "x": np.arange(200.0)})
+    data = AnomalyData(table, target_cols=["x"], context_len=5, train_end=60, val_fraction=0.25)
+    data.setup()
+    assert data.n_windows("train") == 2 * (45 - 5 + 1) and data.n_windows("val") == 2 * (15 - 5 + 1)
+    assert data.n_windows("test") == 2 * 8  # 40 judged rows a series: 8 windows of 5, none shared
+
+
 # -- the trained detector ---------------------------------------------------------------------------
 
 

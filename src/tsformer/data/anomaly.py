@@ -16,7 +16,8 @@ never per window: a level that drifted away is what a detector must see. A state
 rare toggle would be a jump of many sd that drowns the measured channels. A constant channel
 (`constant_channels`: one value in every train row, whatever it is) is its own kind: it enters the
 network at that value (0 once standardised), and the detector scores its departures apart. Windows of `context_len +
-horizon` rows, stride 1, never cross series; the batches are those of the window tasks
+horizon` rows (stride 1; the judged rows' windows, which give only the test loss, side by side) never
+cross series; the batches are those of the window tasks
 (`hist_target`, ..., `window`), without covariates.
 """
 
@@ -144,15 +145,16 @@ def split_normal_rows(
 
 
 class AnomalyWindows(Dataset):
-    """Every window of `length` = N + M rows of each series (stride 1), as a window task's batch item:
-    `hist_target (N, C)`, `fut_target (M, C)` (M = 0: the window is the target), no covariates."""
+    """The windows of `length` = N + M rows of each series, every `stride` rows (1: every window), as a
+    window task's batch item: `hist_target (N, C)`, `fut_target (M, C)` (M = 0: the window is the
+    target), no covariates."""
 
-    def __init__(self, series: list[np.ndarray], context_len: int, horizon: int):
+    def __init__(self, series: list[np.ndarray], context_len: int, horizon: int, stride: int = 1):
         self.values = torch.from_numpy(np.concatenate(series).astype(np.float32))  # (rows, C)
         self.context_len, self.horizon = context_len, horizon
         length, offset, starts = context_len + horizon, 0, []
         for values in series:
-            starts.append(offset + np.arange(max(0, len(values) - length + 1)))
+            starts.append(offset + np.arange(0, max(0, len(values) - length + 1), stride))
             offset += len(values)
         self.starts = np.concatenate(starts)
 
@@ -244,8 +246,11 @@ class AnomalyData(L.LightningDataModule):
         sd = values.std(axis=0)
         self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1
         self.tables = dict(zip(SPLITS, (train, val, test), strict=True))
+        # the judged rows' windows only give the test loss (they are scored by the detector, `score`):
+        # side by side, not every one of them (a fraction of scoring's passes, not its equal)
+        strides = {"train": 1, "val": 1, "test": self.window}
         self.datasets = {
-            split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon)
+            split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon, strides[split])
             for split, table in self.tables.items()
         }
 

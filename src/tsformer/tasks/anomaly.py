@@ -41,7 +41,7 @@ Values enter standardised by the train rows' mean and sd (`set_standardisation`)
 the validation rows (the error scales, the hybrid's medians, the threshold at `false_alarm_rate` of
 their scores, `tasks.alarms`), then adds the validation rows' windows to the memory (the
 validation windows' distances were measured to the train rows' windows alone: a window is never its
-own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows, and
+own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows side by side, and
 `test/threshold`.
 """
 
