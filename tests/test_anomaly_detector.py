@@ -15,7 +15,7 @@ from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.model_folder import ModelInfo
-from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold, drifting_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config, fit_task
@@ -243,6 +243,25 @@ def test_hysteresis_holds_an_event_while_the_score_stays_above_the_release_level
         EventRule(release=0)
 
 
+def test_a_drifting_threshold_follows_slow_drift_but_not_a_drift_fault_nor_the_rows_of_its_delay():
+    rng = np.random.default_rng(0)
+    T, rule = 4000, DriftRule(span=300, delay=500, max_factor=4.0)
+    drifting = np.linspace(1.0, 2.5, T) * rng.exponential(1.0, T)  # normal rows' scores drifting up 2.5x
+    base = float(np.quantile(rng.exponential(1.0, 20_000), 0.999))  # calibrated on undrifted rows
+    fixed = (drifting > base).mean()
+    followed = drifting_threshold(drifting, base, float(np.log(2.0)), rule)  # the exponential's median
+    assert followed[:800].tolist() == [base] * 800  # nothing yet lies delay + span rows back
+    assert (drifting > followed).mean() < fixed / 3  # the drift's false alarms cut
+    assert followed.max() <= 4.0 * base
+    fault = drifting.copy()
+    fault[3000:3400] += np.linspace(0, 12 * base, 400)  # a drift fault growing over 400 rows < delay
+    with_fault = drifting_threshold(fault, base, float(np.log(2.0)), rule)
+    np.testing.assert_array_equal(with_fault[:3500], followed[:3500])  # its own rows never raise it
+    assert (fault[3200:3400] > with_fault[3200:3400]).mean() > 0.9  # so the fault stays alarmed
+    with pytest.raises(ValueError, match="span=0 >= 1"):
+        DriftRule(span=0)
+
+
 def test_threshold_from_the_pareto_tail_matches_a_known_distribution():
     rng = np.random.default_rng(0)
     scores = rng.exponential(size=5000)  # exceeds x with probability exp(-x)
@@ -291,6 +310,7 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         ({"events": {"colour": 1}}, "events: "),
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
         ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
+        ({"threshold_drift": {"delay": -1}}, "threshold_drift: span=300 >= 1, delay=-1 >= 0"),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
         ({"stride": 9}, "stride=9: at most context_len (8)"),

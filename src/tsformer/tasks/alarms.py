@@ -135,3 +135,44 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     padded = np.concatenate([[False], flags, [False]])
     edges = np.flatnonzero(np.diff(padded.astype(int)))
     return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+@dataclass
+class DriftRule:
+    """A threshold that follows slow drift (`model.threshold_drift`): at each row, the base threshold
+    times the drift factor, the median score of the `span` rows that ended `delay` rows before it over
+    the validation rows' median score, at least 1 and at most `max_factor`.
+
+    The guard: a row's threshold reads no row of the last `delay` rows, so a fault that grows over
+    fewer rows than `delay` (a slow drift fault) is judged against the level from before it began and
+    cannot raise its own threshold; the median needs more than half the `span` rows raised to move, and
+    `max_factor` caps how far any drift may carry the threshold."""
+
+    span: int = 300
+    delay: int = 500
+    max_factor: float = 4.0
+
+    def __post_init__(self):
+        if self.span < 1 or self.delay < 0 or self.max_factor < 1.0:
+            raise SettingError(
+                f"anomaly.threshold_drift: span={self.span} >= 1, delay={self.delay} >= 0 and "
+                f"max_factor={self.max_factor} >= 1 are needed"
+            )
+
+
+def drifting_threshold(
+    scores: np.ndarray, threshold: float, val_median: float, rule: DriftRule
+) -> np.ndarray:
+    """`(T,)` the threshold at each row of one series' `scores (T,)` (`DriftRule`); the base `threshold`
+    where fewer than `span` rows lie `delay` rows back."""
+    scores = np.asarray(scores, dtype=float)
+    out = np.full(len(scores), float(threshold))
+    ends = np.arange(len(scores)) - rule.delay  # the reference rows end (excluded) here
+    ready = np.flatnonzero(ends >= rule.span)
+    if len(ready) == 0 or not val_median > 0:
+        return out
+    windows = np.lib.stride_tricks.sliding_window_view(scores, rule.span)  # (T - span + 1, span)
+    medians = np.median(windows, axis=1)  # medians[i]: rows i .. i + span - 1
+    factor = np.clip(medians[ends[ready] - rule.span] / val_median, 1.0, rule.max_factor)
+    out[ready] = threshold * factor
+    return out

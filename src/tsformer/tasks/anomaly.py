@@ -61,7 +61,7 @@ from tsformer.data.window_scores import (
     rows_of_windows,
 )
 from tsformer.nn.masking import draw_mask, interpolate
-from tsformer.tasks.alarms import EventRule, calibrate_threshold
+from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
@@ -134,6 +134,12 @@ class AnomalyScoring:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
         if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
             raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
+        try:  # a bad drift rule refused now, before any training
+            DriftRule(**(self.hparams.get("threshold_drift") or {}))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"threshold_drift: {str(err).removeprefix('anomaly.threshold_drift: ')}"
+            ) from None
         try:  # a bad rule refused now, before any training
             EventRule(**{**EVENT_RULE, **(events or {})})
         except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
@@ -317,6 +323,9 @@ class AnomalyScoring:
         rate = float(self.hparams.false_alarm_rate)
         block = min(self.window_length, len(self.val_scores))
         self.threshold.fill_(calibrate_threshold(self.val_scores, rate, confidence=confidence, block=block))
+        self.hparams.val_score_median = float(
+            np.median(self.val_scores)
+        )  # what a drifting threshold scales by
         return self.val_scores
 
     def scaled_errors(self, raw: np.ndarray) -> np.ndarray:
@@ -411,6 +420,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
+        threshold_drift: dict | None = None,
+        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -676,6 +687,8 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
+        threshold_drift: dict | None = None,
+        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",
         head: dict | None = None,

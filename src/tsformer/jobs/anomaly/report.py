@@ -63,7 +63,7 @@ def incidents_table(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
                 "top_channels": events.loc[events["event_id"] == ids[0], "top_channels"].iloc[0]
                 if ids
                 else "",
-                "peak_over_threshold": float(rows["score"].iloc[at].max() / rows["threshold"].iloc[0]),
+                "peak_over_threshold": float((rows["score"].iloc[at] / rows["threshold"].iloc[at]).max()),
             }
         )
     columns = ["series_id", "start", "end", "n_rows", "status", "delay_rows", "delay", "event_ids",
