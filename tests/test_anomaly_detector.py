@@ -163,6 +163,23 @@ def test_a_model_folder_with_the_memory_reloads_and_scores_the_same(hybrid, plan
 
 
 @pytest.mark.slow
+def test_the_judged_rows_carry_the_threshold_that_follows_drift_when_asked(hybrid, plant):
+    table = plant.iloc[N_TRAIN:].reset_index(drop=True)
+    model = AnomalyModel.of_task(hybrid, AnomalyContract())
+    fixed = model.judge(table)[0]
+    assert (fixed["threshold"] == float(hybrid.threshold)).all()
+    hybrid.hparams.threshold_drift = {"span": 50, "delay": 100, "max_factor": 4.0}
+    try:
+        drifting = model.judge(table)[0]
+    finally:
+        hybrid.hparams.threshold_drift = None
+    expected = drifting_threshold(fixed["score"].to_numpy(), float(hybrid.threshold), hybrid.hparams.val_score_median,
+                                  DriftRule(span=50, delay=100))  # fmt: skip
+    np.testing.assert_allclose(drifting["threshold"], expected)
+    assert (drifting["alarm"] == (drifting["score"] > drifting["threshold"])).all()
+
+
+@pytest.mark.slow
 def test_labels_are_never_read_while_fitting(plant, tmp_path):
     labelled = plant.assign(label=0)
     labelled.loc[N_TRAIN + 50 : N_TRAIN + 80, "label"] = 1
