@@ -66,7 +66,7 @@ from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-DEPARTURE_RESOLUTION = 0.01  # a constant channel's departure of 1 % of its size (0.01 below 1) scores 1
+DEPARTURE_UNIT = 0.01  # a constant channel's departure of 1 % of its size (0.01 below 1) scores 1
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
 EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
@@ -129,6 +129,10 @@ class AnomalyScoring:
         if monitor != "val/loss":
             raise ValueError(
                 f"monitor={monitor!r}: a detector is checkpointed on val/loss (its training loss)"
+            )
+        if not float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) > 0.0:
+            raise ValueError(
+                f"departure_unit={self.hparams.departure_unit}: a share of a constant's size, above 0"
             )
         if not 0.0 < float(false_alarm_rate) < 1.0:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
@@ -222,11 +226,11 @@ class AnomalyScoring:
 
     def departures(self, table: pd.DataFrame) -> np.ndarray:
         """`(T, C)`: each constant channel's departure from its train value, in units of
-        `DEPARTURE_RESOLUTION` of its size (of 1 when smaller); 0 on the other channels. A row's own
+        `departure_unit` of its size (of 1 when smaller); 0 on the other channels. A row's own
         departure only: it reads no other row."""
         values = table[self.channels].to_numpy(dtype=np.float64)  # (T, C)
         level = self.channel_loc.cpu().numpy()  # a constant's value (its train mean)
-        unit = DEPARTURE_RESOLUTION * np.maximum(np.abs(level), 1.0)
+        unit = float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) * np.maximum(np.abs(level), 1.0)
         return np.where(self.is_constant, np.abs(values - level) / unit, 0.0)
 
     def with_departures(self, scores: Scores, table: pd.DataFrame) -> Scores:
@@ -417,6 +421,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         memory_rows: int = 0,
         state_channels: list[str] | None = None,
         constant_channels: list[str] | None = None,
+        departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
@@ -684,6 +689,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         row_score: str = "window",
         state_channels: list[str] | None = None,
         constant_channels: list[str] | None = None,
+        departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
