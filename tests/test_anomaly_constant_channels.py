@@ -39,7 +39,7 @@ def plant():
 def fit(table: pd.DataFrame, folder, channels: list[str], *overrides: str):
     cfg = compose_config(
         [*TINY_ANOMALY, "logger=none", f"data.target_cols=[{','.join(channels)}]", f"data.train_end={N_TRAIN}",
-         "data.label_col=null", "trainer.limit_train_batches=5", *overrides],
+         "data.label_col=null", "data.known_cols=[]", "trainer.limit_train_batches=5", *overrides],
         folder,
     )  # fmt: skip
     return fit_task(cfg, source=table).task

@@ -38,7 +38,7 @@ def fit(table: pd.DataFrame, folder, *overrides: str, label: str | None = None):
     """A tiny detector trained on `table`'s first N_TRAIN rows by `train.fit_task` (the real configs)."""
     cfg = compose_config(
         [*TINY_ANOMALY, "logger=none", f"data.target_cols=[{','.join([*CHANNELS, 'valve'])}]",
-         f"data.train_end={N_TRAIN}", f"data.label_col={label or 'null'}", *overrides],
+         f"data.train_end={N_TRAIN}", f"data.label_col={label or 'null'}", "data.known_cols=[]", *overrides],
         folder,
     )  # fmt: skip
     return fit_task(cfg, source=table).task

@@ -209,3 +209,24 @@ def test_a_new_plant_is_said_plainly_and_recalibrates_on_a_stretch_declared_norm
         assert predict_main([*args[:-1], spec]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_the_plants_weather_and_supply_condition_the_detector_and_are_never_scored(trained):
+    """experiment=plant_anomaly declares its ambient inputs known (data.known_cols): channels of the
+    detector, after the measured ones, never hidden in training, contributing nothing to a score; the
+    summary and the model folder name them."""
+    result, _, _, summary = trained
+    known = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
+    assert "known inputs (condition the detector, never hidden nor scored): " + ", ".join(known) in summary
+    detector = AnomalyModel.load(result.model_folder).detector
+    assert detector.channels == ["dynamic_temperature", "dynamic_pressure", *known]
+    assert detector.known_names == known and detector.is_scored.tolist() == [True, True, False, False, False]
+    written = json.loads((result.model_folder / "tsformer.json").read_text())
+    assert written["hparams"]["known_channels"] == known
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5).head(300)
+    changed = table.assign(ambient_temperature=table["ambient_temperature"] + 1.0)
+    scores = detector.score(changed)
+    assert (scores.contributions[:, 2:] == 0).all()  # a condition is never scored itself ...
+    assert not np.allclose(scores.score, detector.score(table).score)  # ... but the scores depend on it
+    if detector.method == "masked":
+        assert not detector.hidden_mask((64, 16, 5))[..., 2:].any()

@@ -13,7 +13,9 @@ evaluate the judged rows: it is never a model input, nor used for training or th
 Values enter the network standardised by the train rows' mean and sd per channel (`loc`, `scale`),
 never per window: a level that drifted away is what a detector must see. A state channel
 (`state_channels`: every train value is 0 or 1, a command or a switch) enters as it is: z-scored, a
-rare toggle would be a jump of many sd that drowns the measured channels. A constant channel
+rare toggle would be a jump of many sd that drowns the measured channels. Known inputs (`known_cols`:
+weather, set-points, load) are channels too, after the targets: z-scored, they condition the detector
+and are never hidden nor scored (`tasks/anomaly.py`). A constant channel
 (`constant_channels`: one value in every train row, whatever it is) is its own kind: it enters the
 network at that value (0 once standardised), and the detector scores its departures apart. Windows of `context_len +
 horizon` rows (stride 1; the judged rows' windows, which give only the test loss, side by side) never
@@ -179,6 +181,7 @@ class AnomalyData(L.LightningDataModule):
         source,
         *,
         target_cols: list[str],
+        known_cols: list[str] | None = None,
         context_len: int,
         horizon: int = 0,
         name: str = "data",
@@ -200,7 +203,14 @@ class AnomalyData(L.LightningDataModule):
             raise ValueError(f"val_blocks={val_blocks}: at least 1 (1: the last share of each series)")
         self.val_blocks = int(val_blocks)
         self.source, self.name = source, name
-        self.channels = [str(c) for c in target_cols]
+        known = [str(c) for c in (known_cols or [])]
+        both = sorted(set(known) & {str(c) for c in target_cols})
+        if both:
+            raise ValueError(
+                f"data.known_cols: {both} are in data.target_cols too; a column is one or the other"
+            )
+        self.channels = [str(c) for c in target_cols] + known  # the known inputs last
+        self.known_names = known
         self.context_len, self.horizon = int(context_len), int(horizon)
         self.time_col, self.label_col = time_col, label_col
         self.train_end, self.val_fraction = train_end, float(val_fraction)
@@ -240,8 +250,11 @@ class AnomalyData(L.LightningDataModule):
         check_table(val, self.channels, self.window, "validation rows")
         check_table(test, self.channels, self.window, "judged rows")
         values = train[self.channels].to_numpy(dtype=float)
-        self.states = state_channels(values)  # (C,) bool: entered as they are
-        self.constants = constant_channels(values)  # (C,) bool: entered at their value, 0 standardised
+        known = np.isin(self.channels, self.known_names)  # (C,): conditions, z-scored whatever they hold
+        self.states = state_channels(values) & ~known  # (C,) bool: entered as they are
+        self.constants = (
+            constant_channels(values) & ~known
+        )  # (C,) bool: entered at their value, 0 standardised
         self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,): a constant's value
         sd = values.std(axis=0)
         self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1

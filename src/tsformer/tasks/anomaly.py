@@ -148,15 +148,24 @@ class AnomalyScoring:
             EventRule(**{**EVENT_RULE, **(events or {})})
         except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
             raise ValueError(f"events: {str(err).removeprefix('anomaly.events: ')}") from None
-        for name, listed in (("state_channels", state_channels), ("constant_channels", constant_channels)):
+        known_channels = self.hparams.get("known_channels") or []
+        kinds = (("state_channels", state_channels), ("constant_channels", constant_channels),
+                 ("known_channels", known_channels))  # fmt: skip
+        for name, listed in kinds:
             unknown = sorted(set(listed or []) - set(self.channels))
             if unknown:
                 raise ValueError(f"{name}: {unknown} are not channels of the model ({self.channels})")
-        both = sorted(set(state_channels or []) & set(constant_channels or []))
-        if both:
-            raise ValueError(f"constant_channels: {both} are state_channels too; a channel is one kind")
+        for (name, listed), (other, others) in [
+            (kinds[1], kinds[0]),
+            (kinds[2], kinds[0]),
+            (kinds[2], kinds[1]),
+        ]:
+            both = sorted(set(listed or []) & set(others or []))
+            if both:
+                raise ValueError(f"{name}: {both} are {other} too; a channel is one kind")
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
+        self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
@@ -172,8 +181,8 @@ class AnomalyScoring:
     @property
     def is_scored(self) -> np.ndarray:
         """`(C,)` bool: the measured channels, those restoration and forecast score (not the states, not
-        the constants, whose departures score apart)."""
-        return ~self.is_state & ~self.is_constant
+        the known inputs, which condition, not the constants, whose departures score apart)."""
+        return ~self.is_state & ~self.is_constant & ~self.is_known
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -210,6 +219,10 @@ class AnomalyScoring:
     @property
     def constant_names(self) -> list[str]:
         return [c for c, constant in zip(self.channels, self.is_constant, strict=True) if constant]
+
+    @property
+    def known_names(self) -> list[str]:
+        return [c for c, known in zip(self.channels, self.is_known, strict=True) if known]
 
     def set_standardisation(self, loc: np.ndarray, scale: np.ndarray) -> None:
         """The train rows' mean and sd per channel (`AnomalyData.loc`, `.scale`: 0 and 1 for states)."""
@@ -421,6 +434,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         memory_rows: int = 0,
         state_channels: list[str] | None = None,
         constant_channels: list[str] | None = None,
+        known_channels: list[str] | None = None,
         departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,
@@ -469,7 +483,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         B, N, C = shape
         # with no measured channel (the memory scores), the states are hidden like measurements: the
         # encoder still learns from restoring them; a constant is never hidden (nothing to learn)
-        learned = self.is_scored if self.is_scored.any() else ~self.is_constant
+        learned = self.is_scored if self.is_scored.any() else ~self.is_constant & ~self.is_known
         scored = torch.from_numpy(learned if learned.any() else np.ones_like(learned))  # (C,)
         hidden = draw_mask(shape, self.masking.config, generator) & scored  # (B, N, C)
         if not self.hparams.channel_out:
@@ -689,6 +703,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         row_score: str = "window",
         state_channels: list[str] | None = None,
         constant_channels: list[str] | None = None,
+        known_channels: list[str] | None = None,
         departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,

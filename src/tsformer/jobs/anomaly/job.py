@@ -46,8 +46,9 @@ ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
 def task_sizes(datamodule) -> dict:
-    """The channels are the detector's targets, the states and constants among them read from the train
-    rows; it takes no covariates."""
+    """The channels are the detector's targets and its known inputs (last), the states and constants
+    among the targets read from the train rows; the known inputs enter as channels never hidden nor
+    scored (the network's covariate input stays empty)."""
     return {
         "d_target": len(datamodule.channels),
         "d_known": 0,
@@ -55,6 +56,7 @@ def task_sizes(datamodule) -> dict:
         "target_names": datamodule.channels,
         "state_channels": datamodule.state_names,
         "constant_channels": datamodule.constant_names,
+        "known_channels": datamodule.known_names,
     }
 
 
@@ -85,7 +87,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
                  "report": report_lines(rows, events, model.false_alarm_rate, task.state_names,
-                                           task.constant_names)},
+                                           task.constant_names, known=task.known_names)},
     )  # fmt: skip
 
 
@@ -224,7 +226,7 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
     events = rows.attrs["beside"]["events"]
     lines = report_lines(
         rows, events, model.false_alarm_rate, model.detector.state_names, model.detector.constant_names,
-        recalibrated_on=rows.attrs.get("recalibrated"),
+        recalibrated_on=rows.attrs.get("recalibrated"), known=model.detector.known_names,
     )  # fmt: skip
     return "\n".join([*lines, *(f"written: {path}" for path in written)])
 

@@ -162,6 +162,7 @@ def report_lines(
     states: list[str],
     constants: list[str] = (),
     recalibrated_on: str | None = None,
+    known: list[str] = (),
 ) -> list[str]:
     """The lines an engineer reads of a judged table (module docstring)."""
     threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
@@ -177,6 +178,8 @@ def report_lines(
             f"threshold recalibrated on the rows declared normal (normal_rows={recalibrated_on}), "
             "not on the training's held-out rows"
         )
+    if known:
+        lines.append("known inputs (condition the detector, never hidden nor scored): " + ", ".join(known))
     if constants:
         lines.append(
             "constant channels (one value in the train rows: entered at it, any departure from it scores): "
