@@ -11,7 +11,11 @@ windows every `stride` rows (`data.window_scores`):
 - `value` (how issue 34's detectors scored, and their model folders still read): each value's raw
   error is averaged over the windows covering it, then scaled (the score does not sum over a window).
 The channels with the largest contributions are a row's top channels. State channels (`state_channels`: every train value 0 or 1, `data.anomaly`) enter as they
-are, are never hidden nor forecast, and are not scored by restoration or forecast.
+are, are never hidden nor forecast, and are not scored by restoration or forecast; known inputs
+(`known_channels`) enter z-scored, never hidden nor scored: they condition. Constant channels
+(`constant_channels`: one value in the train rows) enter at it; each row's departure from it is added to
+its score in every score kind (`departures`). With no measured channel, a masked detector scores by its
+memory (a table of states and constants is never refused).
 
 `MaskedAnomalyDetector` (`model=enc_only_anomaly`), the encoder-only family trained by masked fill-in
 (BERT's cloze task on normal windows: geometric runs of values hidden and, in half of the windows, one
