@@ -92,8 +92,10 @@ def test_run_measures_the_score_beside_baselines_fitted_on_its_train_rows(traine
     assert {f"test/{b}_vus_pr" for b in names} | {"test/vus_pr", "test/auc_roc"} <= set(result.metrics)
     normal, judged = split_at(simulate_plant_anomaly(n_steps=1400, test_fraction=0.5), 0.5, "time")
     train, _ = split_normal_rows(normal, 0.2)
-    score = HotellingT2().fit(train[CHANNELS].to_numpy()).score(judged[CHANNELS].to_numpy()).score
-    label, first = judged["label"].to_numpy(), judged[CHANNELS[0]].to_numpy()
+    channels = AnomalyModel.load(result.model_folder).detector.channels  # the measured ones, then the known
+    assert sorted(channels) == sorted(CHANNELS)
+    score = HotellingT2().fit(train[channels].to_numpy()).score(judged[channels].to_numpy()).score
+    label, first = judged["label"].to_numpy(), judged[channels[0]].to_numpy()
     by_series = []
     for sid in judged["series_id"].unique():
         rows = (judged["series_id"] == sid).to_numpy()
@@ -135,7 +137,9 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
     printed = capsys.readouterr().out
     model = AnomalyModel.load(result.model_folder)
     rows, events, _ = model.judge(table)
-    expected = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    detector = model.detector
+    expected = report_lines(rows, events, model.false_alarm_rate, detector.state_names, detector.constant_names,
+                            known=detector.known_names)  # fmt: skip
     assert printed.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]
@@ -173,13 +177,14 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
 
 
 def test_a_new_plant_is_said_plainly_and_recalibrates_on_a_stretch_declared_normal(trained, tmp_path, capsys):
-    """The README's new plant (`tsformer-data simulate plant_anomaly --seed 1`), its pressure sensor read
-    with another offset: predict.py says in one line that the table is unlike the threshold's normal
+    """The README's new plant (`tsformer-data simulate plant_anomaly --seed 1`), its pressure sensor
+    noisier: predict.py says in one line that the table is unlike the threshold's normal
     rows; with --normal-rows (params["normal_rows"] of the predictor) it is judged by the model
     recalibrated on that stretch, the model folder left as it is."""
     result, _, _, _ = trained
     table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5, seed=1)
-    table["dynamic_pressure"] += 3 * table["dynamic_pressure"].std()  # a changed sensor
+    sd = table["dynamic_pressure"].std()  # a changed sensor: its reading 3 sd noisier
+    table["dynamic_pressure"] += np.random.default_rng(0).normal(0.0, 3 * sd, len(table))
     table.to_csv(tmp_path / "new.csv", index=False)
     out = str(tmp_path / "scored.csv")
     assert predict_main([str(result.model_folder), str(tmp_path / "new.csv"), "-o", out]) == 0
