@@ -271,9 +271,22 @@ def run_dataset(name: str, args) -> pd.DataFrame:
             for method, make in methods(args, seed, index).items():
                 if i > 0 and method in DETERMINISTIC:
                     continue  # no randomness: the first seed's figures stand for every seed
-                for label, figures in measure(make, run, args, extra).items():
+                try:
+                    measured = measure(make, run, args, extra)
+                except (ValueError, RuntimeError) as err:  # refused: counted, and the next goes on
+                    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                    print(f"{name} {run.name} seed {seed}: {method} refused: {reason}", file=sys.stderr)
+                    measured = {method: {"refused": reason}}
+                for label, figures in measured.items():
                     rows.append(
-                        {"file": run.name, "method": label, "seed": seed, "config": config(args)} | figures
+                        {
+                            "file": run.name,
+                            "method": label,
+                            "seed": seed,
+                            "config": config(args),
+                            "refused": "",
+                        }
+                        | figures
                     )
             print(f"{name} {run.name} seed {seed}: done", file=sys.stderr, flush=True)
             if args.rows:  # as it goes, so that a run cut short keeps what it measured
@@ -313,14 +326,24 @@ def mean_sd(values: pd.Series, digits: int = 3) -> str:
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
+def refusals(rows: pd.DataFrame) -> pd.Series:
+    """Per method, the (file, seed) runs it refused (`refused` holds the reason; old rows have none)."""
+    refused = rows.get("refused", pd.Series("", index=rows.index)).fillna("").astype(str) != ""
+    return refused.groupby(rows["method"]).sum()
+
+
 def summary(rows: pd.DataFrame) -> list[str]:
-    """Per method: each metric's mean over files (± sd over seeds), times and their ratio to IsolationForest's."""
+    """Per method: each metric's mean over the files it scored (± sd over seeds), the runs it refused,
+    times and their ratio to IsolationForest's."""
+    refused = refusals(rows)
+    for column in [*METRICS, "fit_s", "score_s"]:  # a refused run has no figures
+        rows = rows.assign(**{column: pd.to_numeric(rows.get(column), errors="coerce")})
     per_seed = rows.groupby(["method", "seed"]).agg(
         {**{m: "mean" for m in METRICS}, "fit_s": "sum", "score_s": "sum"}
     )
     reference = per_seed.loc[REFERENCE].mean()
     head = ["method", "VUS-PR", "VUS-ROC", "AUC-PR", "AUC-ROC", "F1", "event recall", "false alarms /1000"]
-    head += ["fit s", "score s", "fit / IF", "score / IF"]
+    head += ["refused", "fit s", "score s", "fit / IF", "score / IF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = per_seed.groupby("method")["vus_pr"].mean().sort_values(ascending=False).index
     for method in order:
@@ -328,6 +351,7 @@ def summary(rows: pd.DataFrame) -> list[str]:
         cells = [mean_sd(seeds[m], 1 if m == "false_alarms_per_1000" else 3) for m in METRICS]
         fit, score = seeds["fit_s"].mean(), seeds["score_s"].mean()
         cells += [
+            str(int(refused.get(method, 0))),
             f"{fit:.2f}",
             f"{score:.2f}",
             f"{fit / reference['fit_s']:.2f}",
@@ -349,7 +373,8 @@ def per_file(rows: pd.DataFrame, published: pd.DataFrame | None) -> list[str]:
     head = ["file", *table.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for file, values in table.iterrows():
-        lines.append(f"| {file} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+        cells = ["refused" if np.isnan(v) else f"{v:.3f}" for v in values]  # no figure: the method refused
+        lines.append(f"| {file} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -11,7 +11,13 @@ summary; no MLflow run), so the plant, its faults and the detector all move with
 the normal judged rows' alarm rate against the target (`model.false_alarm_rate`), on all of them and
 on those more than a window from every fault (a window covering a fault raises the scores of the
 normal rows beside it), and per fault whether an event overlaps it, its top channel and whether that
-is the faulty sensor (or one of the pair), and the fault's largest score over the threshold.
+is the faulty sensor (or one of the pair), its detection delay, and the fault's largest score over the
+threshold; the false events per plant-day (days of judged rows, summed over the plants) and the median
+delay beside the row rates.
+
+`--new-plant A:B` also judges the README's new plant (`tsformer-data simulate plant_anomaly --seed 1`:
+every row of its table, as predict.py judges it) with each seed's model folder, as it is and recalibrated
+on rows A:B of each of its series declared normal (`predict.py --normal-rows A:B`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,20 @@ import tempfile
 import time
 
 import numpy as np
+import pandas as pd
 
-from tsformer.data.plant_anomaly import FAULTS
-from tsformer.jobs.anomaly.report import evaluate, labelled_incidents
+from tsformer.data.anomaly import series_rows
+from tsformer.data.plant_anomaly import FAULTS, simulate_plant_anomaly
+from tsformer.jobs.anomaly.job import JOB, normal_stretch, recalibrated
+from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.jobs.anomaly.report import (
+    evaluate,
+    incidents_table,
+    labelled_incidents,
+    plant_days,
+    report_lines,
+)
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
 from tsformer.train import compose_config, run
 
 
@@ -45,46 +62,126 @@ def alarm_rate(rows, where: np.ndarray, rate: float) -> str:
     return f"{alarms}/{n} = {alarms / n:.4f} (target {rate}, 2 sd {upper:.4f})"
 
 
+def under_rule(rows, rule: EventRule, threshold: np.ndarray | None = None) -> dict:
+    """False events, faults found and the normal rows' alarm rates of `rows`' scores grouped by another
+    event `rule` (and with another `threshold (T,)`): the same scores, what the rule alone changes."""
+    threshold = rows["threshold"].to_numpy() if threshold is None else threshold
+    over = rows["score"].to_numpy() / threshold
+    event = np.full(len(rows), -1)
+    for at in series_rows(rows).values():
+        local = events_of(over[at] > 1.0, rule, over[at])
+        event[at] = np.where(local >= 0, local + event.max() + 1, -1)
+    ids = np.unique(event[event >= 0])
+    regrouped = rows.assign(event_id=pd.array(np.where(event >= 0, event, None), dtype="Int64"),
+                            alarm=(over > 1.0).astype(int))  # fmt: skip
+    metrics = evaluate(regrouped, pd.DataFrame({"event_id": ids, "top_channels": ""}))
+    normal = rows["label"].to_numpy() == 0
+    far = normal & far_from_faults(rows, 32)
+    return {"false_events": metrics["false_events"], "found": metrics["event_recall"] * metrics["n_incidents"],
+            "normal_rate": float((over > 1.0)[normal].mean()), "far_rate": float((over > 1.0)[far].mean())}  # fmt: skip
+
+
+def drift_thresholds(rows, model: AnomalyModel, rule: DriftRule) -> np.ndarray:
+    """`(T,)` the thresholds `model.threshold_drift=rule` gives `rows`' scores (the same run's scores)."""
+    median = model.detector.hparams.val_score_median
+    out = np.zeros(len(rows))
+    for at in series_rows(rows).values():
+        out[at] = drifting_threshold(rows["score"].to_numpy()[at], model.threshold, median, rule)
+    return out
+
+
 def judged(rows, events, rate: float, reach: int) -> dict:
     """The acceptance figures of one run's judged rows, printed."""
     metrics = evaluate(rows, events)
     normal = rows["label"].to_numpy() == 0
     far = normal & far_from_faults(rows, reach)
     threshold = float(rows["threshold"].iloc[0])
+    days = plant_days(rows)
     print(
         f"  threshold {threshold:.3g}: alarms on the normal rows {alarm_rate(rows, normal, rate)}; on those more "
         f"than a window ({reach} rows) from every fault {alarm_rate(rows, far, rate)}; events {len(events)}, of "
-        f"them false {int(metrics['false_events'])}"
+        f"them false {int(metrics['false_events'])} in {days:.1f} plant-days"
     )
     event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     found, right = 0, 0
-    for (fault, _, sensors), at in zip(FAULTS.values(), labelled_incidents(rows), strict=True):
+    delays = incidents_table(rows, events)
+    for (fault, _, sensors), at, delay in zip(FAULTS.values(), labelled_incidents(rows), delays.itertuples(),
+                                              strict=True):  # fmt: skip
         hit = np.unique(event[at][event[at] >= 0]).astype(int)
         top = events.loc[events["event_id"].isin(hit), "top_channels"].str.split(";").str[0].tolist()
         ok = bool(top) and top[0] in sensors
         found += bool(len(hit))
         right += ok
         peak = rows["score"].to_numpy()[at].max() / threshold
+        late = f"late by {delay.delay} ({delay.delay_rows} rows)" if delay.status == "late" else delay.status
         print(
-            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  peak/threshold {peak:.2f}"
+            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  {late}  peak/threshold {peak:.2f}"
         )
+    old = under_rule(rows, EventRule(merge_gap=10))
+    print(f"  under issue 41's event rule (merge_gap 10, the same alarms): false events {old['false_events']:.0f}, "
+          f"faults found {old['found']:.0f}")  # fmt: skip
     return {"normal_rate": float(rows.loc[normal, "alarm"].mean()), "far_rate": float(rows.loc[far, "alarm"].mean()),
-            "found": found, "right": right, "false_events": metrics["false_events"],
-            "auc_pr": metrics["auc_pr"]}  # fmt: skip
+            "old_rule_false_events": old["false_events"],
+            "found": found, "right": right, "false_events": metrics["false_events"], "days": days,
+            "delays": [d for d in delays["delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
-def one_seed(seed: int, overrides: list[str]) -> dict:
-    """The figures of one seed's run of `experiment=plant_anomaly`."""
+def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
+    """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model)."""
     with tempfile.TemporaryDirectory() as folder:
         cfg = compose_config(["experiment=plant_anomaly", "logger=none", f"seed={seed}", f"data.source.seed={seed}",
                               "trainer.enable_progress_bar=false", *overrides], folder)  # fmt: skip
         start = time.perf_counter()
         result = run(cfg)
         seconds = time.perf_counter() - start
+        model = AnomalyModel.load(result.model_folder)
     rows, events = result.forecasts, result.outputs.details["events"]
     print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
     reach = int(cfg.model.context_len)
-    return judged(rows, events, float(cfg.model.false_alarm_rate), reach)
+    figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach)
+    if not cfg.model.get("threshold_drift"):  # the same scores with the drifting threshold (the default rule)
+        drift = under_rule(
+            rows, EventRule(**model.detector.event_rule), drift_thresholds(rows, model, DriftRule())
+        )
+        print(f"  with model.threshold_drift={DriftRule()} (the same scores): normal rows' alarm rate "
+              f"{drift['normal_rate']:.4f}, far from faults {drift['far_rate']:.4f}, false events "
+              f"{drift['false_events']:.0f}, faults found {drift['found']:.0f}")  # fmt: skip
+        figures |= {f"drift_{k}": v for k, v in drift.items()}
+    if new_plant:
+        table = simulate_plant_anomaly(
+            **{k: v for k, v in cfg.data.source.items() if k != "_target_"} | {"seed": 1}
+        )
+        for stretch in ("", new_plant):
+            params = {"time_format": "", "normal_rows": stretch}
+            answered = JOB.prediction.answer(model, table, params, "new plant")  # what predict.py does
+            print(
+                f"  the README's new plant (seed 1), {'recalibrated on rows ' + stretch if stretch else 'as it is'}:"
+            )
+            lines = report_lines(answered, answered.attrs["beside"]["events"], model.false_alarm_rate, [],
+                                 recalibrated_on=stretch or None)  # fmt: skip
+            print(
+                "\n".join(
+                    "    " + line for line in lines if line.startswith(("normal rows", "unlike", "false"))
+                )
+            )
+            which = "recalibrated" if stretch else "as_is"
+            figures[f"new_plant_{which}"] = judged(
+                answered, answered.attrs["beside"]["events"], float(cfg.model.false_alarm_rate), reach
+            )
+            judge = (
+                recalibrated(model, table.iloc[normal_stretch(table, stretch, "time", "")])
+                if stretch
+                else model
+            )
+            drift = under_rule(
+                answered,
+                EventRule(**model.detector.event_rule),
+                drift_thresholds(answered, judge, DriftRule()),
+            )
+            print(f"    with the drifting threshold (the same scores): normal rows' alarm rate {drift['normal_rate']:.4f}, "
+                  f"false events {drift['false_events']:.0f}, faults found {drift['found']:.0f}")  # fmt: skip
+            figures[f"new_plant_{which}"] |= {f"drift_{k}": v for k, v in drift.items()}
+    return figures
 
 
 def main() -> None:
@@ -93,16 +190,45 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", nargs="*", default=[], help="Hydra overrides, e.g. model.score=memory")
+    parser.add_argument(
+        "--new-plant", metavar="A:B", help="also judge the README's new plant, recalibrated on rows A:B"
+    )
     args = parser.parse_args()
-    results = [one_seed(seed, args.set) for seed in args.seeds]
-    mean = {k: np.mean([r[k] for r in results]) for k in results[0]}
+    results = [one_seed(seed, args.set, args.new_plant) for seed in args.seeds]
+    scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
+    mean = {k: np.mean([r[k] for r in results]) for k in scalar}
+    delays = [d for r in results for d in r["delays"]]
+    days = sum(r["days"] for r in results)
+    false = sum(r["false_events"] for r in results)
     print(
         f"overrides {args.set or 'none'}; sum over seeds: faults found {sum(r['found'] for r in results)}/"
         f"{len(FAULTS) * len(results)}, top channel right {sum(r['right'] for r in results)}/"
         f"{len(FAULTS) * len(results)}; mean over seeds: normal rows' alarm rate {mean['normal_rate']:.4f} (more "
         f"than a window from every fault {mean['far_rate']:.4f}), false events {mean['false_events']:.1f}, "
-        f"AUC-PR {mean['auc_pr']:.3f}"
+        f"AUC-PR {mean['auc_pr']:.3f}; false events {false:.0f} in {days:.1f} plant-days = {false / days:.2f} per "
+        f"plant-day; median detection delay {np.median(delays) if delays else float('nan'):g} rows (1-minute rows); "
+        f"under issue 41's event rule (merge_gap 10) false events {sum(r['old_rule_false_events'] for r in results):.0f}"
     )
+    if "drift_normal_rate" in results[0]:
+        print(
+            f"with the drifting threshold (the same scores): normal rows' alarm rate {mean['drift_normal_rate']:.4f} "
+            f"(far from faults {mean['drift_far_rate']:.4f}), false events "
+            f"{sum(r['drift_false_events'] for r in results):.0f}, faults found {sum(r['drift_found'] for r in results):.0f}"
+        )
+    for which in ("as_is", "recalibrated"):
+        key = f"new_plant_{which}"
+        if key in results[0]:
+            new = [r[key] for r in results]
+            print(
+                f"the new plant, {which}: normal rows' alarm rate "
+                + " / ".join(f"{n['normal_rate']:.4f}" for n in new)
+                + f" (seeds {' '.join(map(str, args.seeds))}); faults found {sum(n['found'] for n in new)}/"
+                f"{len(FAULTS) * len(new)}; false events {sum(n['false_events'] for n in new):.0f}; with the drifting "
+                "threshold: "
+                + " / ".join(f"{n['drift_normal_rate']:.4f}" for n in new)
+                + f", faults found {sum(n['drift_found'] for n in new):.0f}, false events "
+                f"{sum(n['drift_false_events'] for n in new):.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -103,3 +103,42 @@ def test_rows_of_two_runs_merge_into_one_table_of_both_seeds(tmp_path, monkeypat
     )
     with pytest.raises(SystemExit, match="false_alarm_rate=0.01"):  # another configuration is refused
         anomaly.main()
+
+
+def test_a_series_a_method_refuses_is_counted_as_refused_and_the_next_is_scored(tmp_path, monkeypatch):
+    skab_folder(tmp_path)
+    calls = []
+
+    def fit_task(cfg, source=None):  # refuses the first file, fits the second
+        calls.append(cfg)
+        if len(calls) == 1:
+            raise ValueError("score=restoration: every channel is a state channel")
+        channels = list(cfg.data.target_cols)
+        model = HotellingT2().fit(source[channels].to_numpy()[: cfg.data.train_end])
+        return types.SimpleNamespace(
+            task=types.SimpleNamespace(score=lambda t: model.score(t[channels].to_numpy()))
+        )
+
+    import tsformer.train
+
+    monkeypatch.setattr(tsformer.train, "fit_task", fit_task)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    anomaly = importlib.import_module("anomaly")
+    results, rows = tmp_path / "RESULTS.md", tmp_path / "rows"
+    argv = ["anomaly.py", "--data", str(tmp_path), "--datasets", "skab", "--files", "2", "--seeds", "0"]
+    monkeypatch.setattr(
+        sys, "argv", [*argv, "--method", "masked", "--rows", str(rows), "--results", str(results)]
+    )
+    anomaly.main()
+    assert len(calls) == 2  # the second file was scored after the first was refused
+    measured = pd.read_csv(tmp_path / "rows-skab.csv")
+    ours = measured[measured["method"] == "ours (masked)"].set_index("file")
+    assert ours["refused"].fillna("").str.startswith("score=restoration").tolist() == [True, False]
+    assert np.isnan(ours["vus_pr"].iloc[0]) and np.isfinite(ours["vus_pr"].iloc[1])
+    text = results.read_text()
+    head = next(line for line in text.splitlines() if line.startswith("| method |"))
+    ours_row = next(line for line in text.splitlines() if line.startswith("| ours (masked) | "))
+    cells = [c.strip() for c in ours_row.strip("|").split("|")]
+    header = [c.strip() for c in head.strip("|").split("|")]
+    assert cells[header.index("refused")] == "1"
+    assert any(line.startswith("| ") and "| refused |" in line for line in text.splitlines())

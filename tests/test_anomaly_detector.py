@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from conftest import TINY_ANOMALY
 from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows, state_channels
@@ -14,7 +15,7 @@ from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.model_folder import ModelInfo
-from tsformer.tasks.alarms import EventRule, calibrate_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold, drifting_threshold, events_of
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config, fit_task
@@ -37,7 +38,7 @@ def fit(table: pd.DataFrame, folder, *overrides: str, label: str | None = None):
     """A tiny detector trained on `table`'s first N_TRAIN rows by `train.fit_task` (the real configs)."""
     cfg = compose_config(
         [*TINY_ANOMALY, "logger=none", f"data.target_cols=[{','.join([*CHANNELS, 'valve'])}]",
-         f"data.train_end={N_TRAIN}", f"data.label_col={label or 'null'}", *overrides],
+         f"data.train_end={N_TRAIN}", f"data.label_col={label or 'null'}", "data.known_cols=[]", *overrides],
         folder,
     )  # fmt: skip
     return fit_task(cfg, source=table).task
@@ -63,8 +64,8 @@ def test_a_rows_score_is_the_mean_over_the_windows_that_cover_it():
 
 
 def test_the_state_channel_rule_and_the_data_leave_states_as_they_are():
-    values = np.array([[0.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.0, 5.0], [1.0, 1.0, 0.5, 5.0]])
-    # 0/1 values; constant 1; a third level; a constant other than 0 or 1
+    values = np.array([[0.0, 1.0, 0.0, 5.0], [1.0, 0.0, 0.0, 5.0], [1.0, 1.0, 0.5, 5.0]])
+    # 0/1 values twice; a third level; a constant (its own kind: tests/test_anomaly_constant_channels.py)
     assert state_channels(values).tolist() == [True, True, False, False]
     table = pd.DataFrame(np.tile(values, (20, 1)), columns=list("abcd"))
     data = AnomalyData(table, target_cols=list("abcd"), context_len=4, train_end=40)
@@ -87,6 +88,14 @@ def test_validation_blocks_spread_over_the_normal_rows_and_no_window_crosses_a_p
     windows = [data.datasets["train"][i]["hist_target"][:, 0] for i in range(len(data.datasets["train"]))]
     assert len(windows) == 8 * (20 - 5 + 1)  # never across the 5 held-out rows between two pieces
     assert all(np.allclose(np.diff(w.numpy()) * data.scale[0], 1.0) for w in windows)
+
+
+def test_the_judged_rows_windows_of_the_test_loss_lie_side_by_side_the_normal_rows_every_one():
+    table = pd.DataFrame({"series_id": np.repeat(["a", "b"], 100), "x": np.arange(200.0)})
+    data = AnomalyData(table, target_cols=["x"], context_len=5, train_end=60, val_fraction=0.25)
+    data.setup()
+    assert data.n_windows("train") == 2 * (45 - 5 + 1) and data.n_windows("val") == 2 * (15 - 5 + 1)
+    assert data.n_windows("test") == 2 * 8  # 40 judged rows a series: 8 windows of 5, none shared
 
 
 # -- the trained detector ---------------------------------------------------------------------------
@@ -154,6 +163,23 @@ def test_a_model_folder_with_the_memory_reloads_and_scores_the_same(hybrid, plan
 
 
 @pytest.mark.slow
+def test_the_judged_rows_carry_the_threshold_that_follows_drift_when_asked(hybrid, plant):
+    table = plant.iloc[N_TRAIN:].reset_index(drop=True)
+    model = AnomalyModel.of_task(hybrid, AnomalyContract())
+    fixed = model.judge(table)[0]
+    assert (fixed["threshold"] == float(hybrid.threshold)).all()
+    hybrid.hparams.threshold_drift = {"span": 50, "delay": 100, "max_factor": 4.0}
+    try:
+        drifting = model.judge(table)[0]
+    finally:
+        hybrid.hparams.threshold_drift = None
+    expected = drifting_threshold(fixed["score"].to_numpy(), float(hybrid.threshold), hybrid.hparams.val_score_median,
+                                  DriftRule(span=50, delay=100))  # fmt: skip
+    np.testing.assert_allclose(drifting["threshold"], expected)
+    assert (drifting["alarm"] == (drifting["score"] > drifting["threshold"])).all()
+
+
+@pytest.mark.slow
 def test_labels_are_never_read_while_fitting(plant, tmp_path):
     labelled = plant.assign(label=0)
     labelled.loc[N_TRAIN + 50 : N_TRAIN + 80, "label"] = 1
@@ -179,6 +205,33 @@ def test_the_forecast_score_in_its_causal_form_never_reads_a_later_row(plant, tm
     assert (before.contributions[:, 4] == 0).all()  # the state channel is not forecast
 
 
+def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passes_as_restore_does():
+    sizes = {
+        "net": {"d_model": 8, "n_heads": 2, "n_layers": 1},
+        "d_target": 11,
+        "d_known": 0,
+        "d_observed": 0,
+    }
+    task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, channel_groups=4, window_norm=False,
+                                 interpolate_hidden=True, state_channels=["target_3"]).eval()  # fmt: skip
+    runs, halves = task.scoring_masks()
+    assert len(runs) == 5 and len(halves) == 2 * 4  # 10 scored channels in 4 groups: 8 passes, not 20
+    assert (torch.stack(halves).sum(0) == torch.from_numpy(task.is_scored).expand(8, 11)).all()  # once each
+    assert not torch.stack(halves)[..., 3].any()  # the state is never hidden
+    x = torch.randn(6, 8, 11)
+    empty = x[..., :0]
+    with torch.inference_mode():
+        for mask in [*runs, *halves]:  # the interpolation computed once per mask gives restore's values
+            expected = task.restore(
+                {"hist_target": x, "hist_known": empty, "hist_observed": empty}, mask.expand_as(x)
+            )
+            torch.testing.assert_close(task.restore_under(x, mask), expected, atol=1e-5, rtol=1e-5)
+    old = MaskedAnomalyDetector(
+        **sizes, context_len=8, horizon=0
+    )  # a folder without the setting: one per channel
+    assert len(old.scoring_masks()[1]) == 2 * 11
+
+
 # -- alarms, events, thresholds, settings ------------------------------------------------------------
 
 
@@ -194,6 +247,36 @@ def test_events_k_of_n_merge_gap_and_min_duration():
     ev = events_of(alarm, EventRule(k=2, n=3, merge_gap=0))  # 2 of the last 3 rows
     assert ev[3] == -1 and ev[5] == ev[7] == 0 and ev[8] == -1 and ev[20] == -1
     assert ev[30] == -1 and ev[31] == ev[33] == 1 and ev[34] == -1
+
+
+def test_hysteresis_holds_an_event_while_the_score_stays_above_the_release_level():
+    over = np.array([0.5, 1.2, 0.9, 1.1, 0.9, 0.95, 0.3, 1.2, 0.9])  # score / threshold
+    alarm = over > 1.0
+    without = events_of(alarm, EventRule(merge_gap=0), over)
+    assert without.tolist() == [-1, 0, -1, 1, -1, -1, -1, 2, -1]  # a wavering score: three pages
+    held = events_of(alarm, EventRule(merge_gap=0, release=0.8), over)
+    assert held.tolist() == [-1, 0, 0, 0, 0, 0, -1, 1, 1]  # one event until it falls below 0.8
+    with pytest.raises(ValueError, match="release=0 must lie in"):
+        EventRule(release=0)
+
+
+def test_a_drifting_threshold_follows_slow_drift_but_not_a_drift_fault_nor_the_rows_of_its_delay():
+    rng = np.random.default_rng(0)
+    T, rule = 4000, DriftRule(span=300, delay=500, max_factor=4.0)
+    drifting = np.linspace(1.0, 2.5, T) * rng.exponential(1.0, T)  # normal rows' scores drifting up 2.5x
+    base = float(np.quantile(rng.exponential(1.0, 20_000), 0.999))  # calibrated on undrifted rows
+    fixed = (drifting > base).mean()
+    followed = drifting_threshold(drifting, base, float(np.log(2.0)), rule)  # the exponential's median
+    assert followed[:800].tolist() == [base] * 800  # nothing yet lies delay + span rows back
+    assert (drifting > followed).mean() < fixed / 3  # the drift's false alarms cut
+    assert followed.max() <= 4.0 * base
+    fault = drifting.copy()
+    fault[3000:3400] += np.linspace(0, 12 * base, 400)  # a drift fault growing over 400 rows < delay
+    with_fault = drifting_threshold(fault, base, float(np.log(2.0)), rule)
+    np.testing.assert_array_equal(with_fault[:3500], followed[:3500])  # its own rows never raise it
+    assert (fault[3200:3400] > with_fault[3200:3400]).mean() > 0.9  # so the fault stays alarmed
+    with pytest.raises(ValueError, match="span=0 >= 1"):
+        DriftRule(span=0)
 
 
 def test_threshold_from_the_pareto_tail_matches_a_known_distribution():
@@ -244,13 +327,15 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         ({"events": {"colour": 1}}, "events: "),
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
         ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
+        ({"threshold_drift": {"delay": -1}}, "threshold_drift: span=300 >= 1, delay=-1 >= 0"),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
         ({"stride": 9}, "stride=9: at most context_len (8)"),
         ({"state_channels": ["c"]}, "state_channels: ['c'] are not channels"),
+        ({"constant_channels": ["c"]}, "constant_channels: ['c'] are not channels"),
         (
-            {"state_channels": ["target_0", "target_1"], "score": "hybrid"},
-            "score=hybrid: every channel is a state",
+            {"state_channels": ["target_0"], "constant_channels": ["target_0"]},
+            "constant_channels: ['target_0'] are state_channels too",
         ),
     ],
 )

@@ -92,8 +92,10 @@ def test_run_measures_the_score_beside_baselines_fitted_on_its_train_rows(traine
     assert {f"test/{b}_vus_pr" for b in names} | {"test/vus_pr", "test/auc_roc"} <= set(result.metrics)
     normal, judged = split_at(simulate_plant_anomaly(n_steps=1400, test_fraction=0.5), 0.5, "time")
     train, _ = split_normal_rows(normal, 0.2)
-    score = HotellingT2().fit(train[CHANNELS].to_numpy()).score(judged[CHANNELS].to_numpy()).score
-    label, first = judged["label"].to_numpy(), judged[CHANNELS[0]].to_numpy()
+    channels = AnomalyModel.load(result.model_folder).detector.channels  # the measured ones, then the known
+    assert sorted(channels) == sorted(CHANNELS)
+    score = HotellingT2().fit(train[channels].to_numpy()).score(judged[channels].to_numpy()).score
+    label, first = judged["label"].to_numpy(), judged[channels[0]].to_numpy()
     by_series = []
     for sid in judged["series_id"].unique():
         rows = (judged["series_id"] == sid).to_numpy()
@@ -135,7 +137,9 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
     printed = capsys.readouterr().out
     model = AnomalyModel.load(result.model_folder)
     rows, events, _ = model.judge(table)
-    expected = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    detector = model.detector
+    expected = report_lines(rows, events, model.false_alarm_rate, detector.state_names, detector.constant_names,
+                            known=detector.known_names)  # fmt: skip
     assert printed.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]
@@ -170,3 +174,64 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (name, err)
         assert not (tmp_path / f"{name}_out.csv").exists()
         assert not (tmp_path / f"{name}_out.csv").exists()
+
+
+def test_a_new_plant_is_said_plainly_and_recalibrates_on_a_stretch_declared_normal(trained, tmp_path, capsys):
+    """The README's new plant (`tsformer-data simulate plant_anomaly --seed 1`), its pressure sensor
+    noisier: predict.py says in one line that the table is unlike the threshold's normal
+    rows; with --normal-rows (params["normal_rows"] of the predictor) it is judged by the model
+    recalibrated on that stretch, the model folder left as it is."""
+    result, _, _, _ = trained
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5, seed=1)
+    sd = table["dynamic_pressure"].std()  # a changed sensor: its reading 3 sd noisier
+    table["dynamic_pressure"] += np.random.default_rng(0).normal(0.0, 3 * sd, len(table))
+    table.to_csv(tmp_path / "new.csv", index=False)
+    out = str(tmp_path / "scored.csv")
+    assert predict_main([str(result.model_folder), str(tmp_path / "new.csv"), "-o", out]) == 0
+    plain = capsys.readouterr().out.splitlines()
+    unlike = [line for line in plain if line.startswith("unlike the normal rows the threshold came from: ")]
+    assert len(unlike) == 1 and "--normal-rows A:B" in unlike[0] and "init_from" in unlike[0]
+    before = pd.read_csv(out)
+
+    args = [str(result.model_folder), str(tmp_path / "new.csv"), "-o", out, "--normal-rows", "0:300"]
+    assert predict_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "threshold recalibrated on the rows declared normal (normal_rows=0:300)" in printed
+    after = pd.read_csv(out)
+    model = AnomalyModel.load(result.model_folder)
+    stretch = np.concatenate([rows[:300] for rows in table.groupby("series_id", sort=False).indices.values()])
+    detector = model.detector
+    threshold = float(detector.threshold)
+    detector.calibrate(table.iloc[np.sort(stretch)].reset_index(drop=True))  # the same rows, by hand
+    assert after["threshold"].iloc[0] == pytest.approx(float(detector.threshold))
+    assert before["threshold"].iloc[0] == pytest.approx(threshold) != after["threshold"].iloc[0]
+    # the predictor (tsformer-serve, the pyfunc model) takes the same key; the folder's model is unchanged
+    predictor = Predictor.of_folder(result.model_folder)
+    served = predictor.predict(table, {"normal_rows": "0:300"})
+    np.testing.assert_allclose(served["threshold"], after["threshold"])
+    assert predictor.predict(table.head(200), {})["threshold"].iloc[0] == pytest.approx(threshold)
+    for spec, message in [("x", "give 'A:B'"), ("5000:6000", "no row of the table lies in it")]:
+        assert predict_main([*args[:-1], spec]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_the_plants_weather_and_supply_condition_the_detector_and_are_never_scored(trained):
+    """experiment=plant_anomaly declares its ambient inputs known (data.known_cols): channels of the
+    detector, after the measured ones, never hidden in training, contributing nothing to a score; the
+    summary and the model folder name them."""
+    result, _, _, summary = trained
+    known = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
+    assert "known inputs (condition the detector, never hidden nor scored): " + ", ".join(known) in summary
+    detector = AnomalyModel.load(result.model_folder).detector
+    assert detector.channels == ["dynamic_temperature", "dynamic_pressure", *known]
+    assert detector.known_names == known and detector.is_scored.tolist() == [True, True, False, False, False]
+    written = json.loads((result.model_folder / "tsformer.json").read_text())
+    assert written["hparams"]["known_channels"] == known
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5).head(300)
+    changed = table.assign(ambient_temperature=table["ambient_temperature"] + 1.0)
+    scores = detector.score(changed)
+    assert (scores.contributions[:, 2:] == 0).all()  # a condition is never scored itself ...
+    assert not np.allclose(scores.score, detector.score(table).score)  # ... but the scores depend on it
+    if detector.method == "masked":
+        assert not detector.hidden_mask((64, 16, 5))[..., 2:].any()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tsformer.jobs.anomaly.report import evaluate, incidents_table, report_lines, score_figures
+from tsformer.jobs.anomaly.report import duration_text, evaluate, incidents_table, report_lines, score_figures
 from tsformer.tasks.anomaly import Scores
 
 
@@ -38,7 +38,7 @@ def test_each_incident_is_found_late_or_missed_with_its_delay():
     rows, events, _ = judged()
     table = incidents_table(rows, events)
     assert table["status"].tolist() == ["found", "late", "missed"]
-    assert table["delay_rows"].tolist()[:2] == [0, 5] and table["delay"].iloc[1] == "0 days 00:05:00"
+    assert table["delay_rows"].tolist()[:2] == [0, 5] and table["delay"].iloc[1] == "5 min"
     assert table["top_channels"].tolist() == ["flow;pressure", "pressure", ""]
     assert table["peak_over_threshold"].iloc[2] == 0.8
     metrics = evaluate(rows, events)
@@ -48,6 +48,14 @@ def test_each_incident_is_found_late_or_missed_with_its_delay():
         and metrics["mean_delay_rows"] == 2.5
     )
     assert metrics["false_events"] == 1 and metrics["normal_alarm_rate"] == 3 / 67  # rows 8, 9 and 70
+    assert metrics["false_events_per_day"] == 1 / (100 / 1440)  # 100 one-minute rows judged
+    assert metrics["median_delay_rows"] == 2.5
+
+
+def test_delays_read_as_durations():
+    assert duration_text(pd.Timedelta(minutes=89)) == "1 h 29 min"
+    assert duration_text(pd.Timedelta(days=2, hours=3, minutes=4)) == "2 days 3 h"
+    assert duration_text(pd.Timedelta(seconds=45)) == "45 s" and duration_text(pd.Timedelta(0)) == "0 s"
 
 
 def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target():
@@ -60,16 +68,28 @@ def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target(
         "  #0 series pump: 2024-01-01 00:08:00 - 2024-01-01 00:14:00 (7 rows), flow, pressure; peak 5x"
         in text
     )
+    false = [line for line in lines if line.endswith(": FALSE EVENT (overlaps no labelled incident)")]
+    assert len(false) == 1 and false[0].startswith("  #2 series pump: 2024-01-01 01:10:00")
     assert "labelled incidents: 3: 1 found, 1 late, 1 missed" in text
-    assert (
-        "2024-01-01 00:40:00 - 2024-01-01 00:59:00 (20 rows): late by 5 rows (0 days 00:05:00), event #1"
-        in text
-    )
+    assert "2024-01-01 00:40:00 - 2024-01-01 00:59:00 (20 rows): late by 5 min (5 rows), event #1" in text
     assert "(3 rows): missed (its peak score 0.8x the threshold)" in text
-    assert lines[-1] == "normal rows alarmed: 3 of 67 = 0.0448 (target 0.001, model.false_alarm_rate)"
+    assert lines[-2] == "normal rows alarmed: 3 of 67 = 0.0448 (target 0.001, model.false_alarm_rate)"
+    assert (
+        lines[-1]
+        == "false events: 1 = 14.40 per day over 0.1 days judged; median detection delay 2.5 rows (2 min 30 s)"
+    )
     assert "loss" not in text
     unlabelled = report_lines(rows.drop(columns="label"), events, 0.001, [])
-    assert unlabelled[-1] == "rows alarmed: 13 of 100 = 0.1300 (normal rows' target 0.001)"
+    assert unlabelled[-2] == "rows alarmed: 13 of 100 = 0.1300 (normal rows' target 0.001)"
+    # 130 times the target: the table is unlike the rows the threshold came from, said in one line
+    assert unlabelled[-1].startswith(
+        "unlike the normal rows the threshold came from: 0.1300 of the rows alarmed against the target 0.001 "
+        "(130x), a new asset or a changed sensor? Recalibrate"
+    )
+    recalibrated = report_lines(rows.drop(columns="label"), events, 0.001, [], recalibrated_on="0:50")
+    assert "threshold recalibrated on the rows declared normal (normal_rows=0:50)" in recalibrated[2]
+    assert recalibrated[-1].startswith("still unlike its declared normal rows: 0.1300")
+    assert not any(line.startswith("unlike") for line in report_lines(rows, events, 0.01, []))  # 4.5x
 
 
 def test_the_figures_put_time_on_x_name_the_events_and_keep_incidents_above_them():

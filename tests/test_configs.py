@@ -164,7 +164,8 @@ def test_each_anomaly_experiment_with_each_detector(experiment, model, in_tmp):
     dm = instantiate(cfg.data)
     dm.setup()
     task = build_task(cfg.model, dm)
-    assert task.channels == list(cfg.data.target_cols) and cfg.data.label_col not in task.channels
+    channels = [*cfg.data.target_cols, *cfg.data.get("known_cols", [])]  # the known inputs last
+    assert task.channels == channels and cfg.data.label_col not in task.channels
     assert set(dm.tables["test"][cfg.data.label_col].unique()) == {0, 1}
     assert 0 < task.hparams.false_alarm_rate < 1 and task.window == dm.window
 

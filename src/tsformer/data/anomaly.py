@@ -13,8 +13,13 @@ evaluate the judged rows: it is never a model input, nor used for training or th
 Values enter the network standardised by the train rows' mean and sd per channel (`loc`, `scale`),
 never per window: a level that drifted away is what a detector must see. A state channel
 (`state_channels`: every train value is 0 or 1, a command or a switch) enters as it is: z-scored, a
-rare toggle would be a jump of many sd that drowns the measured channels. Windows of `context_len +
-horizon` rows, stride 1, never cross series; the batches are those of the window tasks
+rare toggle would be a jump of many sd that drowns the measured channels. Known inputs (`known_cols`:
+weather, set-points, load) are channels too, after the targets: z-scored, they condition the detector
+and are never hidden nor scored (`tasks/anomaly.py`). A constant channel
+(`constant_channels`: one value in every train row, whatever it is) is its own kind: it enters the
+network at that value (0 once standardised), and the detector scores its departures apart. Windows of `context_len +
+horizon` rows (stride 1; the judged rows' windows, which give only the test loss, side by side) never
+cross series; the batches are those of the window tasks
 (`hist_target`, ..., `window`), without covariates.
 """
 
@@ -84,12 +89,20 @@ def check_labels(table: pd.DataFrame, label_col: str | None) -> None:
         )
 
 
-def state_channels(values: np.ndarray) -> np.ndarray:
-    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1: states
-    (a command, a switch, a valve open or shut), not measurements. A channel constant at 0 or 1 in the
-    train rows is a state too (a command never given there); any other level makes a measurement."""
+def constant_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) that hold one value in every row: not
+    a measurement (no spread to scale by) nor a state (no switching seen), their own kind: any
+    departure from that value is the anomaly."""
     values = np.asarray(values, dtype=float)
-    return ((values == 0.0) | (values == 1.0)).all(axis=0)
+    return (values == values[:1]).all(axis=0) if len(values) else np.zeros(values.shape[1], dtype=bool)
+
+
+def state_channels(values: np.ndarray) -> np.ndarray:
+    """`(C,)` bool: the channels of `values` `(T, C)` (train rows) whose every value is 0 or 1 and that
+    take both: states (a command, a switch, a valve open or shut), not measurements. A channel at one
+    value throughout (0 or 1 included) is a constant (`constant_channels`)."""
+    values = np.asarray(values, dtype=float)
+    return ((values == 0.0) | (values == 1.0)).all(axis=0) & ~constant_channels(values)
 
 
 def split_at(table: pd.DataFrame, train_end, time_col: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -134,15 +147,16 @@ def split_normal_rows(
 
 
 class AnomalyWindows(Dataset):
-    """Every window of `length` = N + M rows of each series (stride 1), as a window task's batch item:
-    `hist_target (N, C)`, `fut_target (M, C)` (M = 0: the window is the target), no covariates."""
+    """The windows of `length` = N + M rows of each series, every `stride` rows (1: every window), as a
+    window task's batch item: `hist_target (N, C)`, `fut_target (M, C)` (M = 0: the window is the
+    target), no covariates."""
 
-    def __init__(self, series: list[np.ndarray], context_len: int, horizon: int):
+    def __init__(self, series: list[np.ndarray], context_len: int, horizon: int, stride: int = 1):
         self.values = torch.from_numpy(np.concatenate(series).astype(np.float32))  # (rows, C)
         self.context_len, self.horizon = context_len, horizon
         length, offset, starts = context_len + horizon, 0, []
         for values in series:
-            starts.append(offset + np.arange(max(0, len(values) - length + 1)))
+            starts.append(offset + np.arange(0, max(0, len(values) - length + 1), stride))
             offset += len(values)
         self.starts = np.concatenate(starts)
 
@@ -167,6 +181,7 @@ class AnomalyData(L.LightningDataModule):
         source,
         *,
         target_cols: list[str],
+        known_cols: list[str] | None = None,
         context_len: int,
         horizon: int = 0,
         name: str = "data",
@@ -188,7 +203,14 @@ class AnomalyData(L.LightningDataModule):
             raise ValueError(f"val_blocks={val_blocks}: at least 1 (1: the last share of each series)")
         self.val_blocks = int(val_blocks)
         self.source, self.name = source, name
-        self.channels = [str(c) for c in target_cols]
+        known = [str(c) for c in (known_cols or [])]
+        both = sorted(set(known) & {str(c) for c in target_cols})
+        if both:
+            raise ValueError(
+                f"data.known_cols: {both} are in data.target_cols too; a column is one or the other"
+            )
+        self.channels = [str(c) for c in target_cols] + known  # the known inputs last
+        self.known_names = known
         self.context_len, self.horizon = int(context_len), int(horizon)
         self.time_col, self.label_col = time_col, label_col
         self.train_end, self.val_fraction = train_end, float(val_fraction)
@@ -209,6 +231,11 @@ class AnomalyData(L.LightningDataModule):
         """The channels read as states (`state_channels`) from the train rows."""
         return [c for c, state in zip(self.channels, self.states, strict=True) if state]
 
+    @property
+    def constant_names(self) -> list[str]:
+        """The channels constant in the train rows (`constant_channels`)."""
+        return [c for c, constant in zip(self.channels, self.constants, strict=True) if constant]
+
     def setup(self, stage: str | None = None) -> None:
         """Read, check and split the table, standardise, window. Idempotent."""
         if self.datasets:
@@ -223,19 +250,28 @@ class AnomalyData(L.LightningDataModule):
         check_table(val, self.channels, self.window, "validation rows")
         check_table(test, self.channels, self.window, "judged rows")
         values = train[self.channels].to_numpy(dtype=float)
-        self.states = state_channels(values)  # (C,) bool: entered as they are
-        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,)
+        known = np.isin(self.channels, self.known_names)  # (C,): conditions, z-scored whatever they hold
+        self.states = state_channels(values) & ~known  # (C,) bool: entered as they are
+        self.constants = (
+            constant_channels(values) & ~known
+        )  # (C,) bool: entered at their value, 0 standardised
+        self.loc = np.where(self.states, 0.0, values.mean(axis=0))  # (C,): a constant's value
         sd = values.std(axis=0)
         self.scale = np.where((sd > 1e-8) & ~self.states, sd, 1.0)  # a constant channel: 1
         self.tables = dict(zip(SPLITS, (train, val, test), strict=True))
+        # the judged rows' windows only give the test loss (they are scored by the detector, `score`):
+        # side by side, not every one of them (a fraction of scoring's passes, not its equal)
+        strides = {"train": 1, "val": 1, "test": self.window}
         self.datasets = {
-            split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon)
+            split: AnomalyWindows(self.standardised(table), self.context_len, self.horizon, strides[split])
             for split, table in self.tables.items()
         }
 
     def standardised(self, table: pd.DataFrame) -> list[np.ndarray]:
-        """Each series' values `(T_s, C)` standardised by the train rows' mean and sd."""
+        """Each series' values `(T_s, C)` standardised by the train rows' mean and sd (a constant
+        channel at its train value: 0)."""
         values = (table[self.channels].to_numpy(dtype=float) - self.loc) / self.scale
+        values[:, self.constants] = 0.0
         return [values[rows] for rows in series_rows(table).values()]
 
     def n_windows(self, split: str) -> int:

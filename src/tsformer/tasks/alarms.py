@@ -9,11 +9,13 @@ quantile gives the threshold. Optionally (`confidence`) the threshold is the upp
 of that quantile under a moving-block bootstrap of the validation scores, which are dependent
 (neighbouring rows share windows).
 
-A row is an alarm when its score is above the threshold. Alarms become events per series: a row is
-active when at least `k` of the last `n` rows (itself included) are alarms (k = n = 1: every alarm),
-active runs closer than `merge_gap` rows become one event, and events shorter than `min_duration`
-rows are dropped. All of it reads only the past of a row but the merge, which joins two runs once the
-second has begun.
+A row is an alarm when its score is above the threshold. Alarms become events per series, as an
+operator is paged: a row is active when at least `k` of the last `n` rows (itself included) are alarms
+(k = n = 1: every alarm); with hysteresis (`release` < 1) an active run goes on while the score stays
+above `release` x the threshold (a fault's score wavering about the threshold is one event, not many);
+active runs closer than `merge_gap` rows become one event (the cool-down: alarms within it of an
+event's end belong to that event, no new page); events shorter than `min_duration` rows are dropped.
+All of it reads only the past of a row but the merge, which joins two runs once the second has begun.
 """
 
 from __future__ import annotations
@@ -85,23 +87,33 @@ def tail_quantile(scores: np.ndarray, false_alarm_rate: float) -> float:
 class EventRule:
     k: int = 1  # alarms among the last n rows that make a row active
     n: int = 1
-    merge_gap: int = 10  # active runs separated by at most this many rows are one event
+    merge_gap: int = 10  # the cool-down: active runs separated by at most this many rows are one event
     min_duration: int = 1  # rows; shorter events are dropped
+    release: float = 1.0  # hysteresis: an active run goes on while the score is above release x threshold
 
     def __post_init__(self):
         if not 1 <= self.k <= self.n:
             raise SettingError(f"anomaly.events: k={self.k} of n={self.n} needs 1 <= k <= n")
+        if not 0.0 < self.release <= 1.0:
+            raise SettingError(
+                f"anomaly.events: release={self.release} must lie in (0, 1] (1: no hysteresis)"
+            )
         if self.merge_gap < 0 or self.min_duration < 1:
             raise SettingError(
                 f"anomaly.events: merge_gap={self.merge_gap} must be >= 0 and min_duration={self.min_duration} >= 1"
             )
 
 
-def events_of(alarm: np.ndarray, rule: EventRule) -> np.ndarray:
-    """Event number per row of one series `(T,)`: -1 outside events, 0, 1, ... inside them."""
+def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None) -> np.ndarray:
+    """Event number per row of one series `(T,)`: -1 outside events, 0, 1, ... inside them. `over (T,)`:
+    each row's score over the threshold, which hysteresis (`rule.release` < 1) reads."""
     alarm = np.asarray(alarm, dtype=bool)
     counts = np.convolve(alarm.astype(int), np.ones(rule.n, dtype=int))[: len(alarm)]  # last n rows
     active = counts >= rule.k
+    if rule.release < 1.0 and over is not None:
+        held = np.asarray(over) > rule.release
+        for i in np.flatnonzero(held[1:] & ~active[1:]) + 1:  # in order: a run held goes on holding
+            active[i] = active[i - 1]
     runs = _runs(active)
     merged: list[list[int]] = []
     for start, end in runs:  # end exclusive
@@ -123,3 +135,44 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     padded = np.concatenate([[False], flags, [False]])
     edges = np.flatnonzero(np.diff(padded.astype(int)))
     return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+@dataclass
+class DriftRule:
+    """A threshold that follows slow drift (`model.threshold_drift`): at each row, the base threshold
+    times the drift factor, the median score of the `span` rows that ended `delay` rows before it over
+    the validation rows' median score, at least 1 and at most `max_factor`.
+
+    The guard: a row's threshold reads no row of the last `delay` rows, so a fault that grows over
+    fewer rows than `delay` (a slow drift fault) is judged against the level from before it began and
+    cannot raise its own threshold; the median needs more than half the `span` rows raised to move, and
+    `max_factor` caps how far any drift may carry the threshold."""
+
+    span: int = 300
+    delay: int = 500
+    max_factor: float = 4.0
+
+    def __post_init__(self):
+        if self.span < 1 or self.delay < 0 or self.max_factor < 1.0:
+            raise SettingError(
+                f"anomaly.threshold_drift: span={self.span} >= 1, delay={self.delay} >= 0 and "
+                f"max_factor={self.max_factor} >= 1 are needed"
+            )
+
+
+def drifting_threshold(
+    scores: np.ndarray, threshold: float, val_median: float, rule: DriftRule
+) -> np.ndarray:
+    """`(T,)` the threshold at each row of one series' `scores (T,)` (`DriftRule`); the base `threshold`
+    where fewer than `span` rows lie `delay` rows back."""
+    scores = np.asarray(scores, dtype=float)
+    out = np.full(len(scores), float(threshold))
+    ends = np.arange(len(scores)) - rule.delay  # the reference rows end (excluded) here
+    ready = np.flatnonzero(ends >= rule.span)
+    if len(ready) == 0 or not val_median > 0:
+        return out
+    windows = np.lib.stride_tricks.sliding_window_view(scores, rule.span)  # (T - span + 1, span)
+    medians = np.median(windows, axis=1)  # medians[i]: rows i .. i + span - 1
+    factor = np.clip(medians[ends[ready] - rule.span] / val_median, 1.0, rule.max_factor)
+    out[ready] = threshold * factor
+    return out

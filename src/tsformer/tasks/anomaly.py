@@ -11,7 +11,11 @@ windows every `stride` rows (`data.window_scores`):
 - `value` (how issue 34's detectors scored, and their model folders still read): each value's raw
   error is averaged over the windows covering it, then scaled (the score does not sum over a window).
 The channels with the largest contributions are a row's top channels. State channels (`state_channels`: every train value 0 or 1, `data.anomaly`) enter as they
-are, are never hidden nor forecast, and are not scored by restoration or forecast.
+are, are never hidden nor forecast, and are not scored by restoration or forecast; known inputs
+(`known_channels`) enter z-scored, never hidden nor scored: they condition. Constant channels
+(`constant_channels`: one value in the train rows) enter at it; each row's departure from it is added to
+its score in every score kind (`departures`). With no measured channel, a masked detector scores by its
+memory (a table of states and constants is never refused).
 
 `MaskedAnomalyDetector` (`model=enc_only_anomaly`), the encoder-only family trained by masked fill-in
 (BERT's cloze task on normal windows: geometric runs of values hidden and, in half of the windows, one
@@ -41,7 +45,7 @@ Values enter standardised by the train rows' mean and sd (`set_standardisation`)
 the validation rows (the error scales, the hybrid's medians, the threshold at `false_alarm_rate` of
 their scores, `tasks.alarms`), then adds the validation rows' windows to the memory (the
 validation windows' distances were measured to the train rows' windows alone: a window is never its
-own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows, and
+own neighbour). The test logs `test/loss`, the training loss on the judged rows' windows side by side, and
 `test/threshold`.
 """
 
@@ -60,12 +64,13 @@ from tsformer.data.window_scores import (
     rows_of_window_rows,
     rows_of_windows,
 )
-from tsformer.nn.masking import draw_mask
-from tsformer.tasks.alarms import EventRule, calibrate_threshold
+from tsformer.nn.masking import draw_mask, interpolate
+from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
+DEPARTURE_UNIT = 0.01  # a constant channel's departure of 1 % of its size (0.01 below 1) scores 1
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
 EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
@@ -118,6 +123,7 @@ class AnomalyScoring:
         monitor: str,
         threshold_confidence: float | None,
         state_channels: list[str] | None,
+        constant_channels: list[str] | None = None,
     ) -> None:
 
         if score not in self.scores:
@@ -128,23 +134,42 @@ class AnomalyScoring:
             raise ValueError(
                 f"monitor={monitor!r}: a detector is checkpointed on val/loss (its training loss)"
             )
+        if not float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) > 0.0:
+            raise ValueError(
+                f"departure_unit={self.hparams.departure_unit}: a share of a constant's size, above 0"
+            )
         if not 0.0 < float(false_alarm_rate) < 1.0:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
         if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
             raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
+        try:  # a bad drift rule refused now, before any training
+            DriftRule(**(self.hparams.get("threshold_drift") or {}))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"threshold_drift: {str(err).removeprefix('anomaly.threshold_drift: ')}"
+            ) from None
         try:  # a bad rule refused now, before any training
             EventRule(**{**EVENT_RULE, **(events or {})})
         except (TypeError, ValueError) as err:  # the rule's own check names it anomaly.events
             raise ValueError(f"events: {str(err).removeprefix('anomaly.events: ')}") from None
-        unknown = sorted(set(state_channels or []) - set(self.channels))
-        if unknown:
-            raise ValueError(f"state_channels: {unknown} are not channels of the model ({self.channels})")
+        known_channels = self.hparams.get("known_channels") or []
+        kinds = (("state_channels", state_channels), ("constant_channels", constant_channels),
+                 ("known_channels", known_channels))  # fmt: skip
+        for name, listed in kinds:
+            unknown = sorted(set(listed or []) - set(self.channels))
+            if unknown:
+                raise ValueError(f"{name}: {unknown} are not channels of the model ({self.channels})")
+        for (name, listed), (other, others) in [
+            (kinds[1], kinds[0]),
+            (kinds[2], kinds[0]),
+            (kinds[2], kinds[1]),
+        ]:
+            both = sorted(set(listed or []) & set(others or []))
+            if both:
+                raise ValueError(f"{name}: {both} are {other} too; a channel is one kind")
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
-        if score != "memory" and self.is_state.all():
-            raise ValueError(
-                f"score={score}: every channel is a state channel (0/1 in the train rows), and states are "
-                "not restored nor forecast; score=memory compares whole windows"
-            )
+        self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
+        self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
@@ -158,8 +183,18 @@ class AnomalyScoring:
         return list(self.target_names)
 
     @property
+    def is_scored(self) -> np.ndarray:
+        """`(C,)` bool: the measured channels, those restoration and forecast score (not the states, not
+        the known inputs, which condition, not the constants, whose departures score apart)."""
+        return ~self.is_state & ~self.is_constant & ~self.is_known
+
+    @property
     def parts(self) -> tuple[str, ...]:
-        """The scores a row's score is made of (the hybrid's two, else the score itself)."""
+        """The scores a row's score is made of (the hybrid's two, else the score itself). With no
+        measured channel, nothing is restored: a detector with a memory scores by the memory alone (a
+        table of states and constants is scored, never refused)."""
+        if not self.is_scored.any() and "memory" in self.scores:
+            return ("memory",)
         return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
 
     @property
@@ -185,15 +220,45 @@ class AnomalyScoring:
     def state_names(self) -> list[str]:
         return [c for c, state in zip(self.channels, self.is_state, strict=True) if state]
 
+    @property
+    def constant_names(self) -> list[str]:
+        return [c for c, constant in zip(self.channels, self.is_constant, strict=True) if constant]
+
+    @property
+    def known_names(self) -> list[str]:
+        return [c for c, known in zip(self.channels, self.is_known, strict=True) if known]
+
     def set_standardisation(self, loc: np.ndarray, scale: np.ndarray) -> None:
         """The train rows' mean and sd per channel (`AnomalyData.loc`, `.scale`: 0 and 1 for states)."""
         self.channel_loc.copy_(torch.as_tensor(np.asarray(loc, dtype=np.float64)))
         self.channel_scale.copy_(torch.as_tensor(np.asarray(scale, dtype=np.float64)))
 
     def standardised(self, table: pd.DataFrame) -> np.ndarray:
-        """`(T, C)` float32 values of `table`'s channels, standardised by the train rows."""
+        """`(T, C)` float32 values of `table`'s channels, standardised by the train rows; a constant
+        channel at its train value (0): its departures are scored apart (`departures`)."""
         loc, scale = self.channel_loc.cpu().numpy(), self.channel_scale.cpu().numpy()
-        return ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
+        values = ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
+        values[:, self.is_constant] = 0.0
+        return values
+
+    def departures(self, table: pd.DataFrame) -> np.ndarray:
+        """`(T, C)`: each constant channel's departure from its train value, in units of
+        `departure_unit` of its size (of 1 when smaller); 0 on the other channels. A row's own
+        departure only: it reads no other row."""
+        values = table[self.channels].to_numpy(dtype=np.float64)  # (T, C)
+        level = self.channel_loc.cpu().numpy()  # a constant's value (its train mean)
+        unit = float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) * np.maximum(np.abs(level), 1.0)
+        return np.where(self.is_constant, np.abs(values - level) / unit, 0.0)
+
+    def with_departures(self, scores: Scores, table: pd.DataFrame) -> Scores:
+        """`scores` with the constant channels' departures added to the row score, to their channels'
+        contributions and to each part's score (every score kind sees them)."""
+        if not self.is_constant.any():
+            return scores
+        away = self.departures(table)  # (T, C)
+        total = away.sum(axis=1)
+        parts = {name: part + total for name, part in scores.parts.items()}
+        return Scores(scores.score + total, scores.contributions + away, scores.channels, parts)
 
     # -- scoring ----------------------------------------------------------------------------------
 
@@ -208,7 +273,7 @@ class AnomalyScoring:
         `value`, raw errors `(K, W, L, C)` are first averaged over the covering windows, then scaled."""
         if self.hparams.row_score == "value" and parts.ndim == 4:
             raw = np.stack([rows_of_window_rows(kind, starts, n_rows, causal) for kind in parts])  # (K, T, C)
-            return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
+            return self.scaled_errors(raw) / max(1, int(self.is_scored.sum()))
         if self.hparams.row_score in ("own", "value"):
             return rows_of_window_rows(parts, starts, n_rows, causal)
         to_rows = causal_rows_of_windows if causal else rows_of_windows
@@ -235,7 +300,7 @@ class AnomalyScoring:
         """Every row's score and its channels' contributions; a table it cannot score is one line.
         `causal` (default: `model.causal`): each row from the windows that end at or before it."""
         check_table(table, self.channels, max(self.window, self.window_length), what)
-        return self.combined(self.row_parts(table, causal))
+        return self.with_departures(self.combined(self.row_parts(table, causal)), table)
 
     def combined(self, parts: dict[str, np.ndarray]) -> Scores:
         """`Scores` of the parts' row contributions: one part as it is; the hybrid's parts each as
@@ -272,20 +337,23 @@ class AnomalyScoring:
         if len(parts) > 1:
             medians = [np.median(p.sum(axis=1)) for p in parts.values()]
             self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
-        self.val_scores = self.combined(parts).score
+        self.val_scores = self.with_departures(self.combined(parts), val).score
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
         confidence = self.hparams.get("threshold_confidence")
         rate = float(self.hparams.false_alarm_rate)
         block = min(self.window_length, len(self.val_scores))
         self.threshold.fill_(calibrate_threshold(self.val_scores, rate, confidence=confidence, block=block))
+        self.hparams.val_score_median = float(
+            np.median(self.val_scores)
+        )  # what a drifting threshold scales by
         return self.val_scores
 
     def scaled_errors(self, raw: np.ndarray) -> np.ndarray:
         """Raw errors `(K, ..., C)` in their kinds' validation scales, the larger kind kept `(..., C)`;
-        0 on state channels."""
+        0 on the channels not scored (states, constants)."""
         scale = self.error_scale.cpu().numpy().reshape(len(raw), *(1,) * (raw.ndim - 2), -1)
-        return np.where(self.is_state, 0.0, (raw / scale).max(axis=0))
+        return np.where(self.is_scored, (raw / scale).max(axis=0), 0.0)
 
     # -- Lightning hooks of the test --------------------------------------------------------------
 
@@ -359,6 +427,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         *args,
         score: str = "restoration",
         channel_out: bool = True,
+        channel_groups: int = 0,  # 0: each scored channel its own group (the folders written before)
         n_masks: int = 5,
         run_length: int = 4,
         stride: int = 4,
@@ -368,9 +437,14 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         memory_windows: int = 0,  # the memory's size once built (set by `prepare_scoring`)
         memory_rows: int = 0,
         state_channels: list[str] | None = None,
+        constant_channels: list[str] | None = None,
+        known_channels: list[str] | None = None,
+        departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
+        threshold_drift: dict | None = None,
+        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -381,6 +455,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         for name, value in settings.items():
             if int(value) < 1:
                 raise ValueError(f"{name}={value}: at least 1")
+        if int(channel_groups) < 0:
+            raise ValueError(f"channel_groups={channel_groups}: at least 1, or 0 (one group per channel)")
         if int(stride) > self.hparams.context_len:
             raise ValueError(
                 f"stride={stride}: at most context_len ({self.hparams.context_len}), or rows go unscored"
@@ -388,7 +464,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         if min(int(memory_windows), int(memory_rows)) < 0 or int(memory_windows) > int(memory_size):
             raise ValueError(f"memory_windows={memory_windows}: between 0 and memory_size ({memory_size})")
         self.n_kinds = 2 if channel_out else 1
-        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels)
+        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels,
+                          constant_channels)  # fmt: skip
         dim = self.hparams.context_len * self.hparams.net["d_model"]
         self.memory = WindowMemory(int(memory_windows), int(memory_rows), dim, self.hparams.d_target)
 
@@ -408,9 +485,10 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         """A training mask `(B, N, C)`: geometric runs and, in half the windows (with `channel_out`), one
         scored channel hidden over a block of N/4..N steps; state channels are never hidden."""
         B, N, C = shape
-        # with every channel a state (score=memory), they are hidden like measurements: the encoder
-        # still learns from restoring them
-        scored = torch.from_numpy(~self.is_state if (~self.is_state).any() else self.is_state)  # (C,)
+        # with no measured channel (the memory scores), the states are hidden like measurements: the
+        # encoder still learns from restoring them; a constant is never hidden (nothing to learn)
+        learned = self.is_scored if self.is_scored.any() else ~self.is_constant & ~self.is_known
+        scored = torch.from_numpy(learned if learned.any() else np.ones_like(learned))  # (C,)
         hidden = draw_mask(shape, self.masking.config, generator) & scored  # (B, N, C)
         if not self.hparams.channel_out:
             return hidden
@@ -528,18 +606,26 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
 
     def scoring_masks(self) -> list[list[torch.Tensor]]:
         """Per kind of error, the masks `(N, C)` each window is restored under: interleaved runs over the
-        scored channels, then (with `channel_out`) each scored channel's first half and second half."""
+        scored channels, then (with `channel_out`) the first half and the second half of each group of
+        scored channels: at most `channel_groups` groups, every `channel_groups`-th scored channel in one
+        (one channel a group up to that many channels; 0: always one: a wide table costs 2 x
+        channel_groups passes, not 2 per channel, each channel restored from the channels outside its
+        group)."""
         hp = self.hparams
         N, C = hp.context_len, hp.d_target
-        scored = torch.from_numpy(~self.is_state).unsqueeze(0)  # (1, C)
+        scored = torch.from_numpy(self.is_scored).unsqueeze(0)  # (1, C)
         phase = (torch.arange(N).unsqueeze(1) // hp.run_length + torch.arange(C).unsqueeze(0)) % hp.n_masks
         kinds = [[(phase == k) & scored for k in range(hp.n_masks)]]
         if hp.channel_out:
             first = (torch.arange(N) < N // 2).unsqueeze(1)  # (N, 1)
             halves = []
-            for c in np.flatnonzero(~self.is_state):
-                channel = (torch.arange(C) == int(c)).unsqueeze(0)  # (1, C)
-                halves += [first & channel, ~first & channel]
+            scored_channels = np.flatnonzero(self.is_scored)
+            n_groups = int(hp.get("channel_groups") or 0) or len(scored_channels)
+            for g in range(min(n_groups, len(scored_channels))):
+                group = torch.from_numpy(np.isin(np.arange(C), scored_channels[g::n_groups])).unsqueeze(
+                    0
+                )  # (1, C)
+                halves += [first & group, ~first & group]
             kinds.append(halves)
         return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]
 
@@ -548,15 +634,37 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         state channels, never hidden)."""
         kinds = self.scoring_masks()
         err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
-        for chunk in torch.split(torch.arange(len(windows), device=windows.device), CHUNK):
-            x = windows[chunk]
-            empty = x[..., :0]
-            batch = {"hist_target": x, "hist_known": empty, "hist_observed": empty}
+        for a in range(0, len(windows), CHUNK):
+            x = windows[a : a + CHUNK]
             for k, kind in enumerate(kinds):
                 for mask in kind:
-                    hidden = mask.expand_as(x)
-                    err[k, chunk] += torch.where(hidden, (self.restore(batch, hidden) - x) ** 2, 0.0)
+                    err[k, a : a + CHUNK] += torch.where(mask, (self.restore_under(x, mask) - x) ** 2, 0.0)
         return err.double().cpu().numpy()
+
+    def restore_under(self, windows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them.
+        The mask is the same for all, so the interpolation the hidden values enter as is one matrix per
+        channel, computed once per mask (`interpolation`), not searched for window by window; with
+        `window_norm` (each window its own scale), `restore` itself."""
+        empty = windows[..., :0]
+        batch = {"hist_target": windows, "hist_known": empty, "hist_observed": empty}
+        if self.hparams.window_norm or not self.hparams.interpolate_hidden:
+            return self.restore(batch, mask.expand_as(windows))
+        line = torch.einsum("cnm,bmc->bnc", self.interpolation(mask), windows)  # (B, N, C)
+        hidden = mask.to(windows.dtype).expand_as(windows)
+        params = self.head.params(self.net(torch.cat([line, hidden], -1)))  # (B, N, C, P)
+        return self.head.point(params + line.unsqueeze(-1))  # the network's correction to the line
+
+    def interpolation(self, mask: torch.Tensor) -> torch.Tensor:
+        """`(C, N, N)`: per channel, the matrix taking a window's values to them with the values of `mask
+        (N, C)` replaced by `nn.masking.interpolate`'s line (its response to each step's unit value)."""
+        key = mask.cpu().numpy().tobytes()
+        cache = self.__dict__.setdefault("_interpolations", {})
+        if key not in cache:
+            N, C = mask.shape
+            units = torch.eye(N, device=mask.device).unsqueeze(2).expand(N, N, C)  # (N: unit at step j, N, C)
+            cache[key] = interpolate(units, mask.expand(N, N, C)).permute(2, 1, 0).contiguous()  # (C, n, j)
+        return cache[key]
 
     def restoration_contributions(self, windows: torch.Tensor) -> np.ndarray:
         """`(W, N, C)`: each scored value's scaled error, / the scored channels (`row_score=value`: the
@@ -564,7 +672,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         raw = self.restoration_errors(windows)
         if self.hparams.row_score == "value":
             return raw
-        return self.scaled_errors(raw) / max(1, int((~self.is_state).sum()))
+        return self.scaled_errors(raw) / max(1, int(self.is_scored.sum()))
 
     def calibrate_errors(self, val: pd.DataFrame) -> None:
         if "restoration" not in self.parts:
@@ -580,7 +688,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
                 raw.append(errors.reshape(len(errors), -1, errors.shape[-1]))
         raw = np.concatenate(raw, axis=1)  # (K, values, C)
         quantiles = np.quantile(raw, ERROR_QUANTILE, axis=1)  # (K, C)
-        self.error_scale.copy_(torch.as_tensor(relative_floor(quantiles, ~self.is_state)))
+        self.error_scale.copy_(torch.as_tensor(relative_floor(quantiles, self.is_scored)))
 
 
 class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
@@ -598,9 +706,14 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         score_window: int = 16,
         row_score: str = "window",
         state_channels: list[str] | None = None,
+        constant_channels: list[str] | None = None,
+        known_channels: list[str] | None = None,
+        departure_unit: float = DEPARTURE_UNIT,
         causal: bool = False,
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
+        threshold_drift: dict | None = None,
+        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",
         head: dict | None = None,
@@ -619,7 +732,8 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
             )
         if int(score_window) < 1:
             raise ValueError(f"score_window={score_window}: at least 1")
-        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels)
+        self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels,
+                          constant_channels)  # fmt: skip
 
     @property
     def window_length(self) -> int:
@@ -655,7 +769,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         return out[None]
 
     def window_parts(self, values: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
-        scaled = self.scaled_errors(self.surprises(values)) / max(1, int((~self.is_state).sum()))  # (T, C)
+        scaled = self.scaled_errors(self.surprises(values)) / max(1, int(self.is_scored.sum()))  # (T, C)
         return {"forecast": np.lib.stride_tricks.sliding_window_view(scaled, self.window_length, axis=0)[
             starts].transpose(0, 2, 1)}  # (W, L, C): each window's steps  # fmt: skip
 
@@ -666,7 +780,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
                 raw.append(self.surprises(self.standardised(val.iloc[at])))
         raw = np.concatenate(raw, axis=1)  # (1, T, C)
         self.error_scale.copy_(torch.as_tensor(relative_floor(np.quantile(raw, ERROR_QUANTILE, axis=1),
-                                                              ~self.is_state)))  # fmt: skip
+                                                              self.is_scored)))  # fmt: skip
 
     @staticmethod
     def surprise(params: torch.Tensor, target: torch.Tensor) -> np.ndarray:

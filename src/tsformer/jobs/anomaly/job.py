@@ -14,6 +14,7 @@ anomalies.csv` judges a new table (its events beside it, `anomalies_events.csv`)
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,15 @@ from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
 from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.report import evaluate, report_lines, score_figures
-from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
+from tsformer.jobs.base import (
+    TIME_FORMAT,
+    Param,
+    Prediction,
+    RunOutputs,
+    job_of_module,
+    metric_table,
+    predict_usage,
+)
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
@@ -37,14 +46,17 @@ ROWS_FILE, EVENTS_FILE = "anomalies.csv", "events.csv"
 
 
 def task_sizes(datamodule) -> dict:
-    """The channels are the detector's targets, the states among them read from the train rows; it
-    takes no covariates."""
+    """The channels are the detector's targets and its known inputs (last), the states and constants
+    among the targets read from the train rows; the known inputs enter as channels never hidden nor
+    scored (the network's covariate input stays empty)."""
     return {
         "d_target": len(datamodule.channels),
         "d_known": 0,
         "d_observed": 0,
         "target_names": datamodule.channels,
         "state_channels": datamodule.state_names,
+        "constant_channels": datamodule.constant_names,
+        "known_channels": datamodule.known_names,
     }
 
 
@@ -74,7 +86,8 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     return RunOutputs(
         folder, rows_path, rows, example=example_table(datamodule), metrics=metrics, logged_under="anomalies",
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
-                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names)},
+                 "report": report_lines(rows, events, model.false_alarm_rate, task.state_names,
+                                           task.constant_names, known=task.known_names)},
     )  # fmt: skip
 
 
@@ -149,22 +162,73 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     return lines
 
 
+NORMAL_ROWS = Param(
+    "normal_rows",
+    "recalibrate on a stretch of the table declared normal (a new asset, a changed sensor): 'A:B', rows A "
+    "to B (B excluded) of each series counted from 0, or 'T1/T2', the rows from time T1 to before T2; the "
+    "channels' usual errors and the threshold are measured on it instead of the training's held-out rows",
+)
+
+
 def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
     """The judged rows of `table`, its times read; its events beside them (`attrs["beside"]`, which
-    predict.py writes to `<output stem>_events.csv`)."""
+    predict.py writes to `<output stem>_events.csv`). With `normal_rows`, judged by the model
+    recalibrated on that stretch (`recalibrated`; the model given is left as it is)."""
     time_col = model.time_col
     if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
         table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
+    stretch = params.get("normal_rows") or ""
+    if stretch:
+        model = recalibrated(model, table.iloc[normal_stretch(table, stretch, time_col, source)])
     rows, events, _ = model.judge(table, source)
     rows.attrs["beside"] = {"events": events}
+    if stretch:
+        rows.attrs["recalibrated"] = stretch
     return rows
+
+
+def normal_stretch(table: pd.DataFrame, spec: str, time_col: str, source: str) -> np.ndarray:
+    """Positions of the rows `spec` declares normal (`NORMAL_ROWS`), or one line saying what is wrong."""
+    where = f"{source}: normal_rows={spec!r}"
+    if "/" in spec:
+        if time_col not in table.columns:
+            raise ValueError(f"{where}: times need the table's time column {time_col!r}")
+        try:
+            first, last = (pd.Timestamp(t.strip()) for t in spec.split("/", 1))
+        except ValueError:
+            raise ValueError(f"{where}: 'T1/T2' must be two times") from None
+        times = pd.to_datetime(table[time_col])
+        at = np.flatnonzero(((times >= first) & (times < last)).to_numpy())
+    else:
+        try:
+            first, last = (int(v) for v in spec.split(":"))
+        except ValueError:
+            raise ValueError(f"{where}: give 'A:B' (rows A to B of each series) or 'T1/T2' (times)") from None
+        if not 0 <= first < last:
+            raise ValueError(f"{where}: rows A:B need 0 <= A < B")
+        at = np.concatenate([rows[first:last] for rows in series_rows(table).values()])
+    if len(at) == 0:
+        raise ValueError(f"{where}: no row of the table lies in it")
+    return np.sort(at)
+
+
+def recalibrated(model: AnomalyModel, normal: pd.DataFrame) -> AnomalyModel:
+    """A copy of `model` calibrated on `normal` (declared normal by the user) as the training calibrated
+    on its held-out rows: the channels' usual errors, a hybrid's medians and the threshold at the same
+    false-alarm rate. The network and the memory stay as trained."""
+    detector = copy.deepcopy(model.detector)
+    detector.calibrate(normal.reset_index(drop=True))
+    return AnomalyModel.of_task(detector, model.contract, model.info)
 
 
 def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
     """What predict.py prints: the judged table's events, labelled incidents and alarm rate as the run's
     summary gives them (`report.report_lines`), and the files written."""
     events = rows.attrs["beside"]["events"]
-    lines = report_lines(rows, events, model.false_alarm_rate, model.detector.state_names)
+    lines = report_lines(
+        rows, events, model.false_alarm_rate, model.detector.state_names, model.detector.constant_names,
+        recalibrated_on=rows.attrs.get("recalibrated"), known=model.detector.known_names,
+    )  # fmt: skip
     return "\n".join([*lines, *(f"written: {path}" for path in written)])
 
 
@@ -175,6 +239,6 @@ JOB = job_of_module(
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
-    prediction=Prediction(answer, report, per_series_ids=("event_id",)),
+    prediction=Prediction(answer, report, params=(TIME_FORMAT, NORMAL_ROWS), per_series_ids=("event_id",)),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

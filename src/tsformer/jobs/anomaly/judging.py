@@ -23,7 +23,7 @@ import torch
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
-from tsformer.tasks.alarms import EventRule, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
 from tsformer.tasks.anomaly import AnomalyScoring, Scores
 
 N_TOP = 3  # top contributing channels per row and event
@@ -77,11 +77,12 @@ class AnomalyModel:
         """(per-row table, events table, scores) of `table` (the rows in its order)."""
         check_labels(table, self.label_col)
         scores = self.detector.score(table, source)
-        alarm = scores.score > self.threshold
+        threshold = self.thresholds(scores.score, table)  # (T,)
+        alarm = scores.score > threshold
         event = np.full(len(table), -1)
         n_events = 0
         for rows in series_rows(table).values():  # events never cross series
-            local = events_of(alarm[rows], self.rule)
+            local = events_of(alarm[rows], self.rule, scores.score[rows] / threshold[rows])
             event[rows] = np.where(local >= 0, local + n_events, -1)
             n_events += int(local.max()) + 1 if (local >= 0).any() else 0
         series = table[SERIES_COL].to_numpy() if SERIES_COL in table.columns else np.zeros(len(table), int)
@@ -92,7 +93,7 @@ class AnomalyModel:
                 "series_id": series,
                 "time": times,
                 "score": scores.score,
-                "threshold": self.threshold,
+                "threshold": threshold,
                 "alarm": alarm.astype(int),
                 "event_id": pd.array(np.where(event >= 0, event, None), dtype="Int64"),
             }
@@ -101,6 +102,18 @@ class AnomalyModel:
         if self.label_col is not None and self.label_col in table.columns:
             rows["label"] = pd.to_numeric(table[self.label_col]).astype(int).to_numpy()
         return rows, self.events_table(rows, event, scores), scores
+
+    def thresholds(self, score: np.ndarray, table: pd.DataFrame) -> np.ndarray:
+        """`(T,)` each row's threshold: the calibrated one, or with `model.threshold_drift` the one that
+        follows slow drift, series by series (`tasks.alarms.drifting_threshold`)."""
+        out = np.full(len(score), self.threshold)
+        hp = self.detector.hparams
+        drift, median = hp.get("threshold_drift"), hp.get("val_score_median")
+        if not drift or median is None:
+            return out
+        for rows in series_rows(table).values():
+            out[rows] = drifting_threshold(score[rows], self.threshold, median, DriftRule(**drift))
+        return out
 
     def events_table(self, rows: pd.DataFrame, event: np.ndarray, scores: Scores) -> pd.DataFrame:
         records = []

@@ -2,7 +2,7 @@
 evaluation against labels.
 
 - `report_lines`: rows judged, alarms and events at the threshold (what it was calibrated on); the
-  channels read as states; each event (series, start - end time, rows, top sensors, peak over the
+  channels read as states and those constant in the train rows; each event (series, start - end time, rows, top sensors, peak over the
   threshold); with labels, each labelled incident found (an event holds its first row), late (an event
   overlaps it later: by how many rows and how long after its first row) or
   missed (its peak score over the threshold), and the normal rows' alarm rate beside its target
@@ -22,6 +22,9 @@ from tsformer.data.anomaly import series_rows
 from tsformer.tasks.anomaly import Scores
 
 MAX_LISTED = 20  # events and incidents listed in the summary (all of them are in the CSVs)
+# a judged table is unlike the threshold's normal rows when more than this many times its target rate of
+# rows are alarmed, and at least UNLIKE_LEAST rows (a few alarms on a short table are chance)
+UNLIKE_FACTOR, UNLIKE_LEAST = 10.0, 10
 
 
 def labelled_incidents(rows: pd.DataFrame) -> list[np.ndarray]:
@@ -60,7 +63,7 @@ def incidents_table(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
                 "top_channels": events.loc[events["event_id"] == ids[0], "top_channels"].iloc[0]
                 if ids
                 else "",
-                "peak_over_threshold": float(rows["score"].iloc[at].max() / rows["threshold"].iloc[0]),
+                "peak_over_threshold": float((rows["score"].iloc[at] / rows["threshold"].iloc[at]).max()),
             }
         )
     columns = ["series_id", "start", "end", "n_rows", "status", "delay_rows", "delay", "event_ids",
@@ -73,26 +76,68 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def _elapsed(start, end) -> str:
-    """`end - start` as text: a duration for times, rows otherwise."""
+def duration_text(delta: pd.Timedelta) -> str:
+    """A duration as an operator reads it: `1 h 29 min`, `2 days 3 h`, `45 s` (its two largest units)."""
+    seconds = round(pd.Timedelta(delta).total_seconds())
+    if seconds == 0:
+        return "0 s"
+    units = [("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1)]
+    parts = []
+    for name, size in units:
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {name}{'s' if name == 'day' and count > 1 else ''}")
+    return " ".join(parts[:2])
+
+
+def _elapsed(start, end) -> str | None:
+    """`end - start` as a duration (`duration_text`) when the rows have times, else None."""
+    if isinstance(start, int | float | np.integer | np.floating):  # a row number, not a time
+        return None
     try:
-        return str(pd.Timestamp(end) - pd.Timestamp(start))
+        return duration_text(pd.Timestamp(end) - pd.Timestamp(start))
     except (TypeError, ValueError):
-        return f"{end - start} rows"
+        return None
+
+
+def plant_days(rows: pd.DataFrame) -> float | None:
+    """The time the judged rows span, summed over the series, in days (one row's step added to each
+    series' span); None when the rows have no times."""
+    times = rows["time"]
+    if pd.api.types.is_numeric_dtype(times):
+        return None
+    try:
+        times = pd.to_datetime(times)
+    except (TypeError, ValueError):
+        return None
+    total = pd.Timedelta(0)
+    for at in series_rows(rows).values():
+        span = times.iloc[at]
+        step = span.diff().median() if len(span) > 1 else pd.Timedelta(0)
+        total += span.iloc[-1] - span.iloc[0] + (step if pd.notna(step) else pd.Timedelta(0))
+    return total / pd.Timedelta(days=1)
+
+
+def false_event_ids(rows: pd.DataFrame, events: pd.DataFrame) -> set[int]:
+    """The events that overlap no labelled row (the rows carry labels)."""
+    label = rows["label"].to_numpy().astype(bool)
+    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
+    return {int(e) for e in events["event_id"] if not label[event == e].any()}
 
 
 def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
     """Alarm figures against the labels: the normal rows' alarm rate (and per 1,000), the incidents
-    found (event recall), late and their mean delay in rows, false events, AUC-PR."""
+    found (event recall), late and their mean and median delay in rows, false events (and per day of
+    the judged rows, when they have times), AUC-PR."""
     from sklearn.metrics import average_precision_score
 
     label = rows["label"].to_numpy().astype(bool)
     alarm = rows["alarm"].to_numpy().astype(bool)
-    event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     incidents = incidents_table(rows, events)
     hit = incidents["status"] != "missed"
-    false_events = [e for e in events["event_id"] if not label[event == e].any()]
+    false_events = false_event_ids(rows, events)
     rate = float(alarm[~label].mean()) if (~label).any() else float("nan")
+    days = plant_days(rows)
     metrics = {
         "normal_alarm_rate": rate,
         "false_alarms_per_1000": 1000.0 * rate,
@@ -102,6 +147,8 @@ def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
         "mean_delay_rows": float(incidents.loc[hit, "delay_rows"].mean()) if hit.any() else float("nan"),
         "n_events": float(len(events)),
         "false_events": float(len(false_events)),
+        "false_events_per_day": float(len(false_events) / days) if days else float("nan"),
+        "median_delay_rows": float(incidents.loc[hit, "delay_rows"].median()) if hit.any() else float("nan"),
     }
     if label.any() and (~label).any():
         metrics["auc_pr"] = float(average_precision_score(label, rows["score"].to_numpy()))
@@ -109,7 +156,13 @@ def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
 
 
 def report_lines(
-    rows: pd.DataFrame, events: pd.DataFrame, target_rate: float, states: list[str]
+    rows: pd.DataFrame,
+    events: pd.DataFrame,
+    target_rate: float,
+    states: list[str],
+    constants: list[str] = (),
+    recalibrated_on: str | None = None,
+    known: list[str] = (),
 ) -> list[str]:
     """The lines an engineer reads of a judged table (module docstring)."""
     threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
@@ -120,19 +173,34 @@ def report_lines(
         "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): "
         + (", ".join(states) if states else "none"),
     ]
+    if recalibrated_on:
+        lines.append(
+            f"threshold recalibrated on the rows declared normal (normal_rows={recalibrated_on}), "
+            "not on the training's held-out rows"
+        )
+    if known:
+        lines.append("known inputs (condition the detector, never hidden nor scored): " + ", ".join(known))
+    if constants:
+        lines.append(
+            "constant channels (one value in the train rows: entered at it, any departure from it scores): "
+            + ", ".join(constants)
+        )
+    false = false_event_ids(rows, events) if "label" in rows.columns else set()
     if len(events):
         lines.append("events (series, start - end, rows, top sensors, peak score / threshold at its time):")
     for e in events.head(MAX_LISTED).itertuples():
         lines.append(
             f"  #{e.event_id} series {e.series_id}: {e.start} - {e.end} ({_rows(e.n_rows)}), "
             f"{e.top_channels.replace(';', ', ')}; peak {e.peak_score / threshold:.3g}x at {e.peak_time}"
+            + (": FALSE EVENT (overlaps no labelled incident)" if e.event_id in false else "")
         )
     if len(events) > MAX_LISTED:
         lines.append(f"  ... and {len(events) - MAX_LISTED} more (the events CSV)")
     if "label" not in rows.columns:
         rate = alarms / max(1, len(rows))
         return lines + [
-            f"rows alarmed: {alarms} of {len(rows)} = {rate:.4f} (normal rows' target {target_rate:g})"
+            f"rows alarmed: {alarms} of {len(rows)} = {rate:.4f} (normal rows' target {target_rate:g})",
+            *unlike_line(alarms, len(rows), target_rate, recalibrated_on),
         ]
     incidents = incidents_table(rows, events)
     counts = incidents["status"].value_counts()
@@ -145,7 +213,9 @@ def report_lines(
         if i.status == "missed":
             lines.append(f"{where} (its peak score {i.peak_over_threshold:.3g}x the threshold)")
             continue
-        late = f" by {_rows(i.delay_rows)} ({i.delay})" if i.status == "late" else ""
+        late = ""
+        if i.status == "late":
+            late = f" by {i.delay} ({_rows(i.delay_rows)})" if i.delay else f" by {_rows(i.delay_rows)}"
         top = i.top_channels.replace(";", ", ")
         lines.append(f"{where}{late}, event #{i.event_ids.replace(';', ', #')}, top sensors {top}")
     if len(incidents) > MAX_LISTED:
@@ -157,7 +227,42 @@ def report_lines(
         f"normal rows alarmed: {n_alarmed} of {int(normal.sum())} = {rate:.4f} (target {target_rate:g}, "
         "model.false_alarm_rate)"
     )
-    return lines
+    days, hit = plant_days(rows), incidents[incidents["status"] != "missed"]
+    per_day = f" = {len(false) / days:.2f} per day over {days:.1f} days judged" if days else ""
+    delays = ""
+    if len(hit):
+        median = hit["delay_rows"].median()
+        times = pd.to_datetime(rows["time"]) if days else None
+        step = times.diff().median() if times is not None else None
+        delays = f"; median detection delay {median:g} rows" + (
+            f" ({duration_text(median * step)})" if step is not None and pd.notna(step) else ""
+        )
+    lines.append(f"false events: {len(false)}{per_day}{delays}")
+    return lines + unlike_line(n_alarmed, int(normal.sum()), target_rate, recalibrated_on)
+
+
+def unlike_line(alarms: int, n_rows: int, target_rate: float, recalibrated_on: str | None) -> list[str]:
+    """One line when `alarms` of `n_rows` (normal rows, or all rows without labels) are far more than
+    the threshold's target lets normal rows reach (`UNLIKE_FACTOR` times, and `UNLIKE_LEAST` alarms at
+    least): the table is unlike the normal rows the threshold came from, with the ways out."""
+    if n_rows == 0 or alarms < UNLIKE_LEAST or alarms / n_rows <= UNLIKE_FACTOR * target_rate:
+        return []
+    rate = alarms / n_rows
+    measured = (
+        f"{rate:.4f} of the rows alarmed against the target {target_rate:g} ({rate / target_rate:.0f}x)"
+    )
+    if recalibrated_on:
+        line = (
+            f"still unlike its declared normal rows: {measured}; declare a longer normal stretch or "
+            "fine-tune (train.py init_from=<this model> on its rows)"
+        )
+    else:
+        line = (
+            f"unlike the normal rows the threshold came from: {measured}, a new asset or a changed sensor? "
+            "Recalibrate on a stretch of its rows known normal (predict.py --normal-rows A:B, or params "
+            '{"normal_rows": "A:B"}) or fine-tune on them (train.py init_from=<this model>)'
+        )
+    return [line]
 
 
 # -- figures ----------------------------------------------------------------------------------------
