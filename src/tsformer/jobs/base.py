@@ -89,6 +89,9 @@ class Prediction:
     # predict.py writes the answer as the training file was written (separator, decimal mark, encoding,
     # time format): the answer is the input table itself, completed
     written_as_read: bool = False
+    # a job whose model answers rows as they arrive (tsformer-serve's streams): (model, its state of the
+    # stream or None for a new one, the new rows, params, source) -> (answer, next state); it bounds the state
+    stream: Callable[[Any, Any, pd.DataFrame, dict, str], tuple[pd.DataFrame, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
 from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.report import evaluate, figures, report_lines
+from tsformer.jobs.anomaly.streaming import answer_stream
 from tsformer.jobs.base import Prediction, RunOutputs, job_of_module, metric_table, predict_usage
 from tsformer.model_folder import ModelInfo
 from tsformer.serving.writers import write_csv
@@ -174,6 +175,6 @@ JOB = job_of_module(
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
-    prediction=Prediction(answer, report),
+    prediction=Prediction(answer, report, stream=answer_stream),  # tsformer-serve's streams too
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

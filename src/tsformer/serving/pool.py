@@ -1,0 +1,81 @@
+"""`WorkerPool`: the threads that run the model for tsformer-serve, with a bound on the requests waiting.
+
+The event loop only reads requests and writes answers; parsing a table, the model and writing the answer
+run in `workers` threads (PyTorch and most of pandas' work release the GIL, so the threads share the
+cores; benchmarks/RESULTS_serve.md measures them). A request is admitted before its body is read, so that
+at most `workers + queue` requests hold a body and a table at once: past that bound `admit` says no and
+the server answers 503 at once (never a hang). A request that waits or runs past its time limit is
+answered 504: waiting, it is taken off the queue; running, its thread finishes the call (a thread cannot
+be stopped) and keeps its place in the bound until then, so that a slow model is never given more work
+than the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+
+class TimeLimit(Exception):
+    """The request's time limit passed while it waited for a worker or ran."""
+
+
+class WorkerPool:
+    def __init__(self, workers: int, queue: int):
+        if workers < 1 or queue < 0:
+            raise ValueError(f"workers={workers} (at least 1) and queue={queue} (at least 0)")
+        self.workers, self.queue = workers, queue
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="tsformer-model")
+        self._lock = threading.Lock()  # admitted and running change in the loop's thread and the workers'
+        self.admitted = 0  # requests holding a place: waiting for a worker or running
+        self.running = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests admitted and not yet running (the queue's depth)."""
+        return max(0, self.admitted - self.running)
+
+    def admit(self) -> bool:
+        """A place for one more request (give it back with `release`, or through `run`), or False when
+        `workers + queue` requests hold one."""
+        with self._lock:
+            if self.admitted >= self.workers + self.queue:
+                return False
+            self.admitted += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.admitted -= 1
+
+    async def run(self, work: Callable[[], object], seconds: float):
+        """`work()` in a worker thread, for an admitted request (its place is given back when the call
+        ends, or when it is taken off the queue); `TimeLimit` after `seconds`."""
+
+        def counted():
+            with self._lock:
+                self.running += 1
+            try:
+                return work()
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+        try:
+            future: Future = self.executor.submit(counted)
+        except RuntimeError:  # the pool is shut down (the server stops)
+            self.release()
+            raise
+        future.add_done_callback(lambda _: self.release())  # also when cancelled while waiting
+        try:
+            # shielded: a time limit cancels the wait, and the call is cancelled only if not started
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), max(seconds, 0.0))
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise TimeLimit from None
+
+    def shutdown(self) -> None:
+        """No new call; the waiting ones are cancelled, a running one finishes in its thread."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
