@@ -234,6 +234,24 @@ def _too_large(size: int, limit: int, more: str = "") -> str:
     return f"the body has {more}{size} bytes; the server takes at most {limit} (--max-body-mb)"
 
 
+async def admitted_body(request: Request, pool: WorkerPool, limits: Limits) -> bytes:
+    """The body of a request given a place in `pool` (`Refused` when there is none: 503), read within
+    the body limit (413) and the time limit (408); the place is given back if it is refused."""
+    if not pool.admit():
+        message = f"the server is busy ({limits.workers} requests running, {limits.queue} waiting): retry"
+        raise Refused(503, "TEMPORARILY_UNAVAILABLE", message, {"Retry-After": "1"})
+    try:
+        return await asyncio.wait_for(read_body(request, limits.max_body), limits.timeout)
+    except asyncio.TimeoutError:
+        pool.release()
+        raise Refused(
+            408, "REQUEST_TIMEOUT", f"the body did not arrive within {limits.timeout:g} s (--timeout)"
+        ) from None
+    except BaseException:
+        pool.release()
+        raise
+
+
 def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     """The FastAPI application answering with `predictor` (a `Predictor`; its model's CSV options read
     a CSV body) within `limits`, one access line per request in the log."""
@@ -243,7 +261,15 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     metrics = Metrics(pool, streams, load_seconds)
     api = FastAPI(title="tsformer")
     api.state.pool, api.state.metrics = pool, metrics
-    api.router.on_shutdown.append(pool.shutdown)
+
+    def stopped() -> None:  # after uvicorn's graceful shutdown: the requests in flight are answered
+        pool.shutdown()
+        log.info(
+            "stopped: %d requests answered, %d still running after the %g s grace period",
+            metrics.total(), pool.running, limits.grace,
+        )  # fmt: skip
+
+    api.router.on_shutdown.append(stopped)
 
     @api.middleware("http")
     async def access_line(request: Request, call_next):
@@ -283,21 +309,10 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     @api.post("/invocations")
     async def invocations(request: Request):
         arrived = time.monotonic()
-        if not pool.admit():
-            message = f"the server is busy ({limits.workers} requests running, {limits.queue} waiting): retry"
-            return error_response(503, "TEMPORARILY_UNAVAILABLE", message, {"Retry-After": "1"})
         try:
-            try:
-                body = await asyncio.wait_for(read_body(request, limits.max_body), limits.timeout)
-            except asyncio.TimeoutError:
-                message = f"the body did not arrive within {limits.timeout:g} s (--timeout)"
-                raise Refused(408, "REQUEST_TIMEOUT", message) from None
+            body = await admitted_body(request, pool, limits)
         except Refused as err:
-            pool.release()
             return error_response(err.status, err.code, str(err), err.headers)
-        except BaseException:
-            pool.release()
-            raise
         content_type = request.headers.get("content-type", "")
         try:
             text = await pool.run(
@@ -403,13 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         api, host=args.host, port=args.port, log_level="warning", access_log=False,
         timeout_graceful_shutdown=max(1, round(limits.grace)), limit_concurrency=limits.max_connections,
     )  # fmt: skip
-    server = uvicorn.Server(config)
-    server.run()
-    pool = api.state.pool
-    log.info(
-        "stopped: %d requests answered, %d still running after the %g s grace period",
-        api.state.metrics.total(), pool.running, limits.grace,
-    )  # fmt: skip
+    uvicorn.Server(config).run()  # SIGTERM: uvicorn stops, then raises it again (exit status 143)
     return 0
 
 
