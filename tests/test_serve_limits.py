@@ -99,7 +99,7 @@ def test_health_answers_while_the_workers_are_busy_and_past_the_queue_is_503_at_
             await client.post("/invocations", content=body()),
         )
 
-    health, refused, first, second, after = serve(model, scenario, workers=1, queue=1)
+    health, refused, first, second, after = serve(model, scenario, threads=1, queue=1)
     assert health.status_code == 200
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "busy" in one_short_line(refused)
@@ -117,7 +117,7 @@ def test_a_request_past_its_time_limit_is_504_and_its_place_comes_back_when_the_
         await asyncio.sleep(0.2)
         return late, refused, await client.post("/invocations", content=body())
 
-    late, refused, after = serve(model, scenario, workers=1, queue=0, timeout=0.3)
+    late, refused, after = serve(model, scenario, threads=1, queue=0, timeout=0.3)
     assert late.status_code == 504 and "0.3 s" in one_short_line(late)
     assert refused.status_code == 503
     assert after.status_code == 200

@@ -41,8 +41,10 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import pandas as pd
 from fastapi import FastAPI, Request  # at module level: FastAPI reads the handlers' annotations here
@@ -66,8 +68,9 @@ class Limits:
     """What the server holds at once, and for how long (the command's options; docs/operations.md).
     The defaults suit a 2-core machine: two threads running the model."""
 
-    workers: int = 2  # threads running the model (parse, predict, answer)
-    queue: int = 64  # requests waiting for a thread; more at once are answered 503
+    threads: int = 2  # threads running the model (parse, predict, answer), per process
+    workers: int = 1  # server processes (uvicorn's workers), each loading the model
+    queue: int = 64  # requests waiting for a thread, per process; more at once are answered 503
     timeout: float = 60.0  # seconds from a request's arrival to its answer (504; 408 for its body)
     max_body_mb: float = 16.0  # request bodies over it are answered 413
     max_columns: int = 10_000  # tables of more columns are refused (400) before they are built
@@ -238,7 +241,7 @@ async def admitted_body(request: Request, pool: WorkerPool, limits: Limits) -> b
     """The body of a request given a place in `pool` (`Refused` when there is none: 503), read within
     the body limit (413) and the time limit (408); the place is given back if it is refused."""
     if not pool.admit():
-        message = f"the server is busy ({limits.workers} requests running, {limits.queue} waiting): retry"
+        message = f"the server is busy ({limits.threads} requests running, {limits.queue} waiting): retry"
         raise Refused(503, "TEMPORARILY_UNAVAILABLE", message, {"Retry-After": "1"})
     try:
         return await asyncio.wait_for(read_body(request, limits.max_body), limits.timeout)
@@ -256,7 +259,7 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     """The FastAPI application answering with `predictor` (a `Predictor`; its model's CSV options read
     a CSV body) within `limits`, one access line per request in the log."""
     limits = limits or Limits()
-    pool = WorkerPool(limits.workers, limits.queue)
+    pool = WorkerPool(limits.threads, limits.queue)
     streams = StreamStates(limits.stream_keys)
     metrics = Metrics(pool, streams, load_seconds)
     api = FastAPI(title="tsformer")
@@ -333,6 +336,20 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     return api
 
 
+# the limits' options: (name, what it bounds, what passing it gives)
+OPTIONS = {
+    "threads": "threads running the model, per process",
+    "workers": "server processes, each loading the model (uvicorn's workers)",
+    "queue": "requests waiting for a thread, per process; past it: 503",
+    "timeout": "seconds from a request's arrival to its answer; past it: 504 (408 for a slow body)",
+    "max_body_mb": "largest request body; past it: 413",
+    "max_columns": "widest table; past it: 400",
+    "stream_keys": "streams whose state is kept; past it the least recently used is dropped",
+    "grace": "seconds SIGTERM waits for the requests in flight",
+    "max_connections": "open connections (uvicorn's limit_concurrency); past it: 503",
+}
+
+
 def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tsformer-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -345,36 +362,11 @@ def parser_of() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
     )
-    d = Limits()
     limits = parser.add_argument_group("limits (docs/operations.md)")
-    limits.add_argument(
-        "--workers", type=int, default=d.workers, help=f"threads running the model ({d.workers})"
-    )
-    limits.add_argument(
-        "--queue", type=int, default=d.queue, help=f"requests waiting for a thread, then 503 ({d.queue})"
-    )
-    limits.add_argument(
-        "--timeout",
-        type=float,
-        default=d.timeout,
-        help=f"seconds to answer a request, then 504 ({d.timeout:g})",
-    )
-    limits.add_argument(
-        "--max-body-mb", type=float, default=d.max_body_mb, help=f"largest body, then 413 ({d.max_body_mb:g})"
-    )
-    limits.add_argument(
-        "--max-columns", type=int, default=d.max_columns, help=f"widest table, then 400 ({d.max_columns})"
-    )
-    limits.add_argument(
-        "--stream-keys", type=int, default=d.stream_keys, help=f"streams kept ({d.stream_keys})"
-    )
-    limits.add_argument(
-        "--grace",
-        type=float,
-        default=d.grace,
-        help=f"seconds SIGTERM waits for requests in flight ({d.grace:g})",
-    )
-    limits.add_argument("--max-connections", type=int, default=d.max_connections, help=f"open connections, then 503 ({d.max_connections})")  # fmt: skip
+    for name, field in Limits.__dataclass_fields__.items():
+        flag = "--" + name.replace("_", "-")
+        limits.add_argument(flag, type=field.type == "float" and float or int, default=field.default,
+                            help=f"{OPTIONS[name]} (default {field.default:g})")  # fmt: skip
     return parser
 
 
@@ -387,38 +379,72 @@ def limits_of(args: argparse.Namespace) -> Limits:
     return Limits(**values)
 
 
+APP_SETTINGS = "TSFORMER_SERVE_APP"  # what each of several worker processes loads (`app_of_environment`)
+
+
+def app_of_environment():
+    """The application of a worker process of `tsformer-serve --workers N` (uvicorn starts the processes
+    and calls this factory in each): the model folder and limits the command resolved, from
+    $TSFORMER_SERVE_APP."""
+    from tsformer.serving.predictor import Predictor
+
+    settings = json.loads(os.environ[APP_SETTINGS])
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    started = time.perf_counter()
+    predictor = Predictor.of_folder(settings["folder"])
+    limits = Limits(**settings["limits"])
+    _share_cores(limits)
+    return app(predictor, limits, time.perf_counter() - started)
+
+
+def _share_cores(limits: Limits) -> None:
+    """Each model thread's tensor work on its share of the cores (more threads than cores only contend)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // (limits.threads * limits.workers)))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser_of().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small download
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tsformer.serving.predictor import load_predictor
+    from tsformer.serving.predictor import Predictor
+    from tsformer.serving.references import resolve_model
 
-    try:
-        limits = limits_of(args)
-        started = time.perf_counter()
-        predictor = load_predictor(args.model, args.tracking_uri)
-        load_seconds = time.perf_counter() - started
-    except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    import torch
-    import uvicorn
+    with tempfile.TemporaryDirectory() as downloaded:  # a run's model, kept while the workers load it
+        try:
+            limits = limits_of(args)
+            started = time.perf_counter()
+            folder = resolve_model(args.model, args.tracking_uri, Path(downloaded))
+            predictor = Predictor.of_folder(folder)
+            load_seconds = time.perf_counter() - started
+        except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        import uvicorn
 
-    # each worker thread's tensor work on its share of the cores (more threads than cores only contend)
-    torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // limits.workers))  # fmt: skip
-    info = predictor.model.info
-    print(
-        f"serving the {predictor.job.name} model ({info.family}) of run {info.run_id} at "
-        f"http://{args.host}:{args.port}/invocations (Ctrl+C stops)",
-        flush=True,
-    )
-    api = app(predictor, limits, load_seconds)
-    # uvicorn's own access log is off: the application writes one line per request (`app`)
-    config = uvicorn.Config(
-        api, host=args.host, port=args.port, log_level="warning", access_log=False,
-        timeout_graceful_shutdown=max(1, round(limits.grace)), limit_concurrency=limits.max_connections,
-    )  # fmt: skip
-    uvicorn.Server(config).run()  # SIGTERM: uvicorn stops, then raises it again (exit status 143)
+        info = predictor.model.info
+        print(
+            f"serving the {predictor.job.name} model ({info.family}) of run {info.run_id} at "
+            f"http://{args.host}:{args.port}/invocations (Ctrl+C stops)",
+            flush=True,
+        )
+        # uvicorn's own access log is off: the application writes one line per request (`app`)
+        options = {
+            "host": args.host, "port": args.port, "log_level": "warning", "access_log": False,
+            "timeout_graceful_shutdown": max(1, round(limits.grace)), "limit_concurrency": limits.max_connections,
+        }  # fmt: skip
+        if limits.workers == 1:
+            _share_cores(limits)
+            # SIGTERM: uvicorn stops, then raises the signal again (exit status 143)
+            uvicorn.Server(uvicorn.Config(app(predictor, limits, load_seconds), **options)).run()
+            return 0
+        del predictor  # each worker process loads its own
+        os.environ[APP_SETTINGS] = json.dumps({"folder": str(folder), "limits": asdict(limits)})
+        uvicorn.run(
+            "tsformer.serving.server:app_of_environment", factory=True, workers=limits.workers, **options
+        )
     return 0
 
 
