@@ -53,7 +53,7 @@ COMMON = [
 ]
 TRAININGS = {
     "forecaster": ["model=enc_dec", "data.source.n_series=2", "data.source.n_steps=1000"],
-    "anomaly": ["experiment=plant_anomaly", "data.source.n_steps=2000"],
+    "anomaly": ["experiment=plant_anomaly", "data.source.n_steps=3000"],
     "classifier": ["experiment=plant_regime", "data.source.n_series=16", "data.source.n_steps=300"],
 }
 
@@ -81,7 +81,7 @@ def requests_of() -> dict[str, pd.DataFrame]:
 
     forecast = simulate_plant(n_series=1, n_steps=200, seed=5)
     forecast.loc[forecast.index[-70:], ["dynamic_temperature", "dynamic_pressure"]] = np.nan
-    anomaly = simulate_plant_anomaly(n_steps=2000, seed=5)  # its last 1,000 rows of a plant hold the fault
+    anomaly = simulate_plant_anomaly(n_steps=3000, seed=5)  # its last 1,000 rows of a plant hold the fault
     anomaly = anomaly[anomaly.series_id == 0].iloc[-1000:].drop(columns="label")
     classify = simulate_plant_regimes(n_series=50, n_steps=60, seed=5).drop(columns="regime")
     tables = {"forecaster": forecast, "anomaly": anomaly, "classifier": classify}

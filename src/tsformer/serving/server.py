@@ -398,11 +398,13 @@ def app_of_environment():
 
 
 def _share_cores(limits: Limits) -> None:
-    """Each model thread's tensor work on its share of the cores (more threads than cores only contend)."""
+    """Each model thread's tensor work on its share of the cores (more threads than cores only contend),
+    never more than PyTorch was given ($OMP_NUM_THREADS)."""
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // (limits.threads * limits.workers)))
+    share = max(1, cores // (limits.threads * limits.workers))
+    torch.set_num_threads(min(torch.get_num_threads(), share))
 
 
 def main(argv: list[str] | None = None) -> int:
