@@ -66,7 +66,8 @@ class StreamStates:
     def _drop_oldest(self) -> None:
         while len(self._states) > self.max_keys:
             key, _ = self._states.popitem(last=False)
-            self._key_locks.pop(key, None)
+            if not self._key_locks[key].locked():  # a request of the key still holds it otherwise
+                del self._key_locks[key]
             self._dropped[key] = None
             while len(self._dropped) > REMEMBERED_PER_KEY * self.max_keys:
                 self._dropped.popitem(last=False)
