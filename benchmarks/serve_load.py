@@ -54,7 +54,7 @@ COMMON = [
 TRAININGS = {
     "forecaster": ["model=enc_dec", "data.source.n_series=2", "data.source.n_steps=1000"],
     "anomaly": ["experiment=plant_anomaly", "data.source.n_steps=3000"],
-    "classifier": ["experiment=plant_regime", "data.source.n_series=16", "data.source.n_steps=300"],
+    "classifier": ["experiment=plant_regime", "data.source.n_series=16", "data.source.n_steps=800"],
 }
 
 
@@ -191,6 +191,8 @@ def measure(name: str, command: list[str], port: int, body: bytes, args, workdir
         for clients in args.clients:
             row = asyncio.run(drive(port, body, clients, args.seconds, server.pid))
             rows.append({"server": name, "idle MB": rest, **row})
+            with (workdir / "rows.jsonl").open("a") as saved:  # kept as measured: a later failure loses none
+                saved.write(json.dumps({"server": name, "idle MB": rest, **row}) + "\n")
             print(f"  {name} {clients} clients: {row['ok/s']:.1f}/s, p50 {row['p50 ms']:.0f} ms, "
                   f"errors {row['errors']}, health max {row['health max ms']:.0f} ms", flush=True)  # fmt: skip
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
+from tsformer.serving.pool import WorkerPool
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import MESSAGE_CHARS, Limits, app
 
@@ -121,6 +123,23 @@ def test_a_request_past_its_time_limit_is_504_and_its_place_comes_back_when_the_
     assert late.status_code == 504 and "0.3 s" in one_short_line(late)
     assert refused.status_code == 503
     assert after.status_code == 200
+
+
+def test_a_request_the_calls_ahead_would_keep_waiting_past_the_time_limit_is_503_at_once():
+    pool = WorkerPool(workers=1, queue=10, seconds=60)
+
+    async def scenario():
+        assert pool.admit() is None
+        await pool.run(lambda: time.sleep(0.05), 5)  # the mean call: what it took
+        pool.seconds = 3.5 * pool.mean_call
+        assert all(pool.admit() is None for _ in range(4))  # 0, 1, 2 and 3 calls ahead of it
+        return pool.admit()  # 4 calls ahead: it would wait past the limit
+
+    try:
+        said = asyncio.run(scenario())
+    finally:
+        pool.shutdown()
+    assert said.startswith("4 requests ahead, about ") and pool.admitted == 4
 
 
 def test_a_body_over_the_limit_is_413_from_its_length_or_while_it_is_read():

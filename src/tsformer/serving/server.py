@@ -240,8 +240,9 @@ def _too_large(size: int, limit: int, more: str = "") -> str:
 async def admitted_body(request: Request, pool: WorkerPool, limits: Limits) -> bytes:
     """The body of a request given a place in `pool` (`Refused` when there is none: 503), read within
     the body limit (413) and the time limit (408); the place is given back if it is refused."""
-    if not pool.admit():
-        message = f"the server is busy ({limits.threads} requests running, {limits.queue} waiting): retry"
+    busy = pool.admit()
+    if busy is not None:
+        message = f"the server is busy ({busy}; --threads {limits.threads}, --queue {limits.queue}): retry"
         raise Refused(503, "TEMPORARILY_UNAVAILABLE", message, {"Retry-After": "1"})
     try:
         return await asyncio.wait_for(read_body(request, limits.max_body), limits.timeout)
@@ -259,7 +260,7 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     """The FastAPI application answering with `predictor` (a `Predictor`; its model's CSV options read
     a CSV body) within `limits`, one access line per request in the log."""
     limits = limits or Limits()
-    pool = WorkerPool(limits.threads, limits.queue)
+    pool = WorkerPool(limits.threads, limits.queue, limits.timeout)
     streams = StreamStates(limits.stream_keys)
     metrics = Metrics(pool, streams, load_seconds)
     api = FastAPI(title="tsformer")
