@@ -3,9 +3,10 @@ new row scored once, with the causal row score (from the windows that end at or 
 later row), as scoring the whole table so far causally scores it (`AnomalyModel.judge(causal=True)`).
 
 The state of a stream (`StreamState`, opaque to the server) keeps per series only what the next rows
-need: its last `history_rows` rows (the windows that end at a new row, and what those windows read: a
-forecast detector's surprise of a row reads the `context_len` rows before it), the last `n - 1` alarms of
-the event rule's k-of-n, and the event being built. A series' first rows, fewer than one window, are kept
+need: its last `history_rows` rows (the window that ends at a new row, and what it reads: a forecast
+detector's surprise of a row reads the `context_len` rows before it), with the `window` row score the
+last windows' scores (a row's score averages the windows ending in the `L` rows up to it: each window is
+scored once), the last `n - 1` alarms of the event rule's k-of-n, and the event being built. A series' first rows, fewer than one window, are kept
 and answered once the window is complete (`pending_rows`). At most `MAX_SERIES` series per stream.
 
 Events follow `tasks.alarms.events_of`: an event opens when its rows (from its first active row, gaps
@@ -26,6 +27,7 @@ import pandas as pd
 
 from tsformer.data.anomaly import SERIES_COL, check_labels, check_table, series_rows
 from tsformer.data.schema import read_times
+from tsformer.data.window_scores import causal_rows_of_windows
 from tsformer.jobs.anomaly.judging import N_TOP, AnomalyModel
 
 MAX_SERIES = 1000  # series per stream
@@ -53,6 +55,10 @@ class SeriesState:
     answered: int  # rows of the series answered
     alarms: np.ndarray  # the last n - 1 alarms (bool)
     event: Event | None = None
+    # the `window` row score: the last L - 1 windows' mean contributions per part (W, C), and their last
+    # rows' series positions (W,): a new row's score averages them with the windows ending at new rows
+    window_means: dict = field(default_factory=dict)
+    window_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
 
 @dataclass(frozen=True)
@@ -62,14 +68,16 @@ class StreamState:
 
 
 def history_rows(model: AnomalyModel) -> int:
-    """Rows of a series the next causal rows need: those of the windows that end at a new row and, with
-    the `window` row score, at the `L - 1` rows before it; a forecast detector also reads the
-    `context_len` rows before each row of a window."""
+    """Rows of a series the next causal rows need: the `L - 1` rows before a new row (the window that
+    ends at it), and before those, for a forecast detector, the `context_len` rows its surprise of a row
+    reads. (The `window` row score's earlier windows are kept as their scores: `SeriesState`.)"""
     detector = model.detector
-    L = detector.window_length
-    back = L - 1 if detector.hparams.row_score == "window" else 0
-    lead = detector.window - 1 if detector.method == "forecast" else 0
-    return lead + (L - 1) + back
+    return _context(detector) + detector.window_length - 1
+
+
+def _context(detector) -> int:
+    """Rows before a window's row that its contribution reads (the forecast detector's context)."""
+    return detector.window - 1 if detector.method == "forecast" else 0
 
 
 def answer_stream(
@@ -123,7 +131,7 @@ def _series_answer(model: AnomalyModel, before: SeriesState | None, new: pd.Data
     if total < max(detector.window, detector.window_length):  # no complete window yet: kept, pending
         return _judged(model, segment.iloc[:0], None, [], []), [], replace(before, kept=segment), n_events
     first = before.answered - before.offset  # segment position of the first row to answer
-    scores = _causal_scores(detector, segment, first, lead_free=before.offset == 0)
+    scores, means, ends = _causal_scores(detector, segment, first, before)
     alarm = scores.score > model.threshold
     times = segment[model.time_col].to_numpy()[first:] if model.time_col in segment else np.arange(first, len(segment)) + before.offset  # fmt: skip
     event_ids, records, alarms, event, n_events = _events(
@@ -132,29 +140,43 @@ def _series_answer(model: AnomalyModel, before: SeriesState | None, new: pd.Data
     rows = _judged(model, segment.iloc[first:], scores, alarm, event_ids)
     keep = history_rows(model)
     after = SeriesState(segment.iloc[-keep:].reset_index(drop=True) if keep else segment.iloc[:0],
-                        total - min(keep, len(segment)), total, alarms, event)  # fmt: skip
+                        total - min(keep, len(segment)), total, alarms, event, means, ends)  # fmt: skip
     return rows, records, after, n_events
 
 
-def _causal_scores(detector, segment: pd.DataFrame, first: int, lead_free: bool):
-    """`Scores` of the segment's rows from `first` on, from the windows they need alone (the segment
-    starts at the series' first row when `lead_free`, else `history_rows` before `first`)."""
-    L = detector.window_length
-    back = L - 1 if detector.hparams.row_score == "window" else 0
-    lead = 0 if lead_free else (detector.window - 1 if detector.method == "forecast" else 0)
-    values = detector.standardised(segment)
-    starts = np.arange(max(lead, first - back - (L - 1)), len(segment) - L + 1)
+def _causal_scores(detector, segment: pd.DataFrame, first: int, before: SeriesState):
+    """(`Scores` of the segment's rows from `first` on, the last windows' mean contributions and their
+    ends to keep) from the windows that end at those rows alone, and (`window` row score) the kept
+    scores of the windows before them. The segment starts at the series' first row, or `history_rows`
+    before `first`."""
+    L, offset = detector.window_length, before.offset
+    start = max(0, first - (L - 1))  # the first window ending at a new row
+    trim = max(0, start - _context(detector))  # the rows before what the windows read are left out
+    values = detector.standardised(segment.iloc[trim:])
+    starts = np.arange(start, len(segment) - L + 1)
     was_training = detector.training
     detector.eval()
     try:
         import torch
 
         with torch.inference_mode():
-            parts = detector.window_parts(values, starts)
+            parts = detector.window_parts(values, starts - trim)
     finally:
         detector.train(was_training)
-    rows = {name: detector.to_rows(p, starts, len(segment), causal=True)[first:] for name, p in parts.items()}
-    return detector.combined(rows)
+    if detector.hparams.row_score != "window":
+        rows = {
+            name: detector.to_rows(p, starts, len(segment), causal=True)[first:] for name, p in parts.items()
+        }
+        return detector.combined(rows), {}, np.zeros(0, dtype=int)
+    ends = np.concatenate([before.window_ends, offset + starts + L - 1])  # series positions, in order
+    means = {name: np.concatenate([before.window_means[name], p.mean(axis=1)]) if len(before.window_ends)
+             else p.mean(axis=1) for name, p in parts.items()}  # fmt: skip
+    rows = {
+        name: causal_rows_of_windows(m, ends - offset - (L - 1), L, len(segment))[first:]
+        for name, m in means.items()
+    }
+    last = ends > offset + len(segment) - L  # the windows a later row still averages
+    return detector.combined(rows), {name: m[last] for name, m in means.items()}, ends[last]
 
 
 def _events(model, before: SeriesState, alarm, scores, times, position: int, sid, n_events: int):
