@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
-from tsformer.serving.pool import WorkerPool
+from tsformer.serving.pool import MODEL_NICENESS, WorkerPool
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import MESSAGE_CHARS, Limits, app
 
@@ -311,3 +313,16 @@ def test_past_the_bound_of_streams_the_oldest_is_dropped_and_its_next_answer_say
     assert again["stream"]["new"] and "kept rows of stream 'a' were dropped" in again["stream"]["lost"]
     # its first 10 rows again are fewer than a window: kept, answered once the window is complete
     assert again["predictions"] == [] and again["stream"]["pending_rows"] == {"0": 10}
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "setpriority") or sys.platform != "linux", reason="a thread's nice value: Linux"
+)
+def test_the_model_threads_leave_the_cores_to_the_event_loop_first():
+    pool = WorkerPool(workers=1, queue=0)
+    try:
+        here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        worker = pool.executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert worker.result(timeout=10) == min(19, here + MODEL_NICENESS)
+    finally:
+        pool.shutdown()

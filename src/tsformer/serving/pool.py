@@ -15,6 +15,9 @@ than the bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +33,9 @@ class WorkerPool:
         if workers < 1 or queue < 0:
             raise ValueError(f"workers={workers} (at least 1) and queue={queue} (at least 0)")
         self.workers, self.queue = workers, queue
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="tsformer-model")
+        self.executor = ThreadPoolExecutor(
+            workers, thread_name_prefix="tsformer-model", initializer=_yield_to_loop
+        )
         self._lock = threading.Lock()  # admitted and running change in the loop's thread and the workers'
         self.admitted = 0  # requests holding a place: waiting for a worker or running
         self.running = 0
@@ -95,3 +100,19 @@ class WorkerPool:
     def shutdown(self) -> None:
         """No new call; the waiting ones are cancelled, a running one finishes in its thread."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+MODEL_NICENESS = 5  # how much lower the model threads' scheduling priority is than the event loop's
+
+
+def _yield_to_loop() -> None:
+    """A model thread's scheduling priority a little below the event loop's (Linux: a thread's own nice
+    value), so that on a busy machine the loop gets a core first when a request or /health arrives.
+    Raising one's own nice value needs no privilege; elsewhere it is left as it is."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(OSError):
+        thread = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + MODEL_NICENESS)
+        )
