@@ -14,7 +14,8 @@ Each server is started as a user starts it (`tsformer-serve <model folder> --por
 process on 127.0.0.1), and driven by `httpx`'s async client in this process: C clients each sending
 the same request again as soon as answered, for `--seconds` per level. Measured per level: answers/s,
 latency p50 / p95 / p99, answers other than 200 (by status), the peak resident memory of the server's
-processes (sampled every 50 ms), and `/health`'s latency, asked every 50 ms by another client meanwhile.
+processes (sampled every 50 ms), and `/health`'s latency, asked every 50 ms meanwhile by a client in a
+process of its own (in this process, the load's event loop delayed the probe's answers itself).
 Beside the default server (2 model threads): for the anomaly model, 1 thread, and 2 worker processes of
 1 thread each (threads or processes); for the forecaster, `mlflow models serve` on the same run's
 logged model (its uvicorn, `--env-manager local`). The client shares the machine's cores with the
@@ -141,7 +142,7 @@ async def drive(port: int, body: bytes, clients: int, seconds: float, server_pid
     import httpx
 
     url = f"http://127.0.0.1:{port}"
-    latencies, statuses, health, peak = [], {}, [], [0]
+    latencies, statuses, peak = [], {}, [0]
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
         end = time.monotonic() + seconds
@@ -155,18 +156,20 @@ async def drive(port: int, body: bytes, clients: int, seconds: float, server_pid
                 latencies.append(time.perf_counter() - started)
                 statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
 
-        async def prober():
-            async with httpx.AsyncClient(base_url=url, timeout=30) as own:  # its own connection
-                while time.monotonic() < end:
-                    started = time.perf_counter()
-                    await own.get("/health")
-                    health.append(time.perf_counter() - started)
-                    peak[0] = max(peak[0], tree_rss(server_pid))
-                    await asyncio.sleep(0.05)
+        async def sampler():  # the server's memory
+            while time.monotonic() < end:
+                peak[0] = max(peak[0], tree_rss(server_pid))
+                await asyncio.sleep(0.05)
 
+        # /health from a process of its own: this process's event loop, busy with the clients, would
+        # delay the probe's answer and count its own delay as the server's
+        probe = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PROBE, f"{url}/health", str(seconds), stdout=asyncio.subprocess.PIPE
+        )
         began = time.perf_counter()
-        await asyncio.gather(prober(), *(one_client() for _ in range(clients)))
+        await asyncio.gather(sampler(), *(one_client() for _ in range(clients)))
         elapsed = time.perf_counter() - began
+        health = json.loads((await probe.communicate())[0])
     ok = statuses.get(200, 0)
     ms = np.asarray(latencies) * 1000
     return {
@@ -181,6 +184,22 @@ async def drive(port: int, body: bytes, clients: int, seconds: float, server_pid
         "health p50 ms": np.percentile(health, 50) * 1000,
         "health max ms": max(health) * 1000,
     }
+
+
+# /health every 50 ms for a level's seconds, in a process of its own: the latencies (s) as JSON
+PROBE = """
+import json, sys, time
+import httpx
+url, seconds, out = sys.argv[1], float(sys.argv[2]), []
+with httpx.Client(timeout=30) as client:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        client.get(url)
+        out.append(time.perf_counter() - started)
+        time.sleep(0.05)
+print(json.dumps(out))
+"""
 
 
 def measure(name: str, command: list[str], port: int, body: bytes, args, workdir: Path) -> list[dict]:
