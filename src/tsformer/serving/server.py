@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import json
 import logging
@@ -395,7 +396,16 @@ def app_of_environment():
     predictor = Predictor.of_folder(settings["folder"])
     limits = Limits(**settings["limits"])
     _share_cores(limits)
-    return app(predictor, limits, time.perf_counter() - started)
+    api = app(predictor, limits, time.perf_counter() - started)
+    _settled()
+    return api
+
+
+def _settled() -> None:
+    """The objects loaded so far (the libraries, the model) left out of Python's garbage collections: a
+    full collection walks every object and holds every thread meanwhile, /health's answer included."""
+    gc.collect()
+    gc.freeze()
 
 
 def _share_cores(limits: Limits) -> None:
@@ -440,8 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         if limits.workers == 1:
             _share_cores(limits)
+            api = app(predictor, limits, load_seconds)
+            _settled()
             # SIGTERM: uvicorn stops, then raises the signal again (exit status 143)
-            uvicorn.Server(uvicorn.Config(app(predictor, limits, load_seconds), **options)).run()
+            uvicorn.Server(uvicorn.Config(api, **options)).run()
             return 0
         del predictor  # each worker process loads its own
         os.environ[APP_SETTINGS] = json.dumps({"folder": str(folder), "limits": asdict(limits)})
