@@ -96,6 +96,9 @@ class Prediction:
     # answer columns of ids that count across the table answered (an event's number): answering each
     # series alone (tsformer-fleet) counts them from 0 within each series
     per_series_ids: tuple[str, ...] = ()
+    # a job whose model answers rows as they arrive (tsformer-serve's streams): (model, its state of the
+    # stream or None for a new one, the new rows, params, source) -> (answer, next state); it bounds the state
+    stream: Callable[[Any, Any, pd.DataFrame, dict, str], tuple[pd.DataFrame, Any]] | None = None
 
 
 @dataclass(frozen=True)

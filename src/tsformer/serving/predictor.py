@@ -50,6 +50,25 @@ class Predictor:
         """The answer to `table` (see the module docstring); `source` names the table in messages."""
         return self.job.prediction.answer(self.model, table, self.checked(params), source)
 
+    @property
+    def streams(self) -> bool:
+        """Whether this model's job answers rows as they arrive (`predict_stream`)."""
+        return self.job.prediction.stream is not None
+
+    @property
+    def streams_not(self) -> str:
+        """The one line refusing a stream of a model whose job answers whole tables only."""
+        return f"params: 'stream' is not an option of a {self.job.name} model: it answers whole tables"
+
+    def predict_stream(
+        self, state, rows: pd.DataFrame, params: dict | None = None, *, source: str = "the table"
+    ):
+        """(answer, next state) of `rows`, the new rows of a stream whose kept state is `state` (None: a
+        new stream); the state is the job's, opaque to the caller, and `state` itself is left as it was."""
+        if not self.streams:
+            raise ValueError(self.streams_not)
+        return self.job.prediction.stream(self.model, state, rows, self.checked(params), source)
+
     def checked(self, params: dict | None) -> dict:
         """Every declared param with its value (`Param.unset` where not given), `params` checked: a key
         the job does not declare, a value of another type, or a required switch not given is one line."""

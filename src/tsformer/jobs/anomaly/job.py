@@ -29,6 +29,7 @@ from tsformer.jobs.anomaly.baselines import baselines
 from tsformer.jobs.anomaly.evaluation import per_series
 from tsformer.jobs.anomaly.judging import FOLDER, AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.report import evaluate, report_lines, score_figures
+from tsformer.jobs.anomaly.streaming import answer_stream
 from tsformer.jobs.base import (
     TIME_FORMAT,
     Param,
@@ -239,6 +240,8 @@ JOB = job_of_module(
     name="anomaly",
     tasks=(MaskedAnomalyDetector, ForecastAnomalyDetector),
     data="a table of channels whose rows before data.train_end are normal (data=plant_anomaly)",
-    prediction=Prediction(answer, report, params=(TIME_FORMAT, NORMAL_ROWS), per_series_ids=("event_id",)),
+    prediction=Prediction(  # tsformer-serve's streams too
+        answer, report, params=(TIME_FORMAT, NORMAL_ROWS), per_series_ids=("event_id",), stream=answer_stream
+    ),
     usage=predict_usage("judge new data", "--output", ROWS_FILE),
 )

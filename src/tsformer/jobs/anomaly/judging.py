@@ -73,10 +73,13 @@ class AnomalyModel:
 
     # -- judging a table --------------------------------------------------------------------------
 
-    def judge(self, table: pd.DataFrame, source: str = "table") -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
-        """(per-row table, events table, scores) of `table` (the rows in its order)."""
+    def judge(
+        self, table: pd.DataFrame, source: str = "table", causal: bool | None = None
+    ) -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
+        """(per-row table, events table, scores) of `table` (the rows in its order); `causal` as the
+        detector's `score` (default: the model's setting; a stream's rows are scored causally)."""
         check_labels(table, self.label_col)
-        scores = self.detector.score(table, source)
+        scores = self.detector.score(table, source, causal)
         threshold = self.thresholds(scores.score, table)  # (T,)
         alarm = scores.score > threshold
         event = np.full(len(table), -1)
