@@ -6,15 +6,18 @@ A tiny run of the task class trains, writes its outputs and model folder and nam
 run after the job; then the same table is answered three ways: the predict.py command its summary
 prints (run as printed, from another folder, with a bare PATH), tsformer-serve (one real request on
 127.0.0.1, the process stopped after) and the run's logged pyfunc model; all three answer what the model
-folder's `Predictor` answers in this process. The first task class of each job runs predict.py as a
-process; the job's other task classes give the printed command's arguments to predict.py's `main` here.
+folder's `Predictor` answers in this process. The first task class of each job runs predict.py and
+tsformer-serve as processes; the job's other task classes give the printed command's arguments to
+predict.py's `main` and their request to tsformer-serve's application in this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
+import logging
 import shlex
 import shutil
 import socket
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+import httpx
 import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
@@ -44,6 +48,7 @@ from tsformer.jobs import JOBS, job_of_folder, load_model
 from tsformer.predict import main as predict_main
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.server import answer_json
+from tsformer.serving.server import app as server_app
 from tsformer.serving.writers import write_answer
 from tsformer.tracking import tracking_uri_for
 from tsformer.train import compose_config, run
@@ -229,7 +234,8 @@ def answers_fixture():
             expected = str(err)
         run_command = run_predict_py if first_of_its_job(trained.task) else run_predict_in_process
         proc, written, elsewhere = run_command(command, trained, tmp)
-        served, log = serve_one_request(trained.result.model_folder, table, params, tmp)
+        serve = serve_one_request if first_of_its_job(trained.task) else serve_one_request_in_process
+        served, log = serve(trained.result.model_folder, table, params, tmp)
         return Answers(
             table,
             params,
@@ -349,6 +355,38 @@ def serve_one_request(
     return served, output
 
 
+def serve_one_request_in_process(
+    folder: Path, table: pd.DataFrame, params: dict, tmp: Path
+) -> tuple[tuple[int, dict], str]:
+    """tsformer-serve's application (`serving.server.app`) of the folder's `Predictor` in this process: one
+    request with `table` and `params` through its ASGI interface; (status and JSON answer, the lines it
+    logged: the server process's announcement is `serve_one_request`'s, for the first task class of a job)."""
+    split = json.loads(table.to_json(orient="split", index=False))
+    body = json.dumps({"dataframe_split": split, "params": params}).encode()
+    api = server_app(Predictor.of_folder(folder))
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    server_log = logging.getLogger(server_app.__module__)
+    level = server_log.level
+
+    async def post_once():
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=120) as client:
+            return await client.post(
+                "/invocations", content=body, headers={"Content-Type": "application/json"}
+            )
+
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
+    try:
+        response = asyncio.run(post_once())
+    finally:
+        server_log.removeHandler(handler)
+        server_log.setLevel(level)
+        api.state.pool.shutdown()
+    return (response.status_code, response.json()), logged.getvalue()
+
+
 def pyfunc_answer(trained: Trained, table: pd.DataFrame, params: dict) -> pd.DataFrame | None:
     """The run's logged pyfunc model's answer (None where the run logs its folder instead)."""
     if trained.result.outputs.example is None:
@@ -453,7 +491,10 @@ def test_predict_py_tsformer_serve_and_pyfunc_answer_what_the_predictor_answers(
 
 def test_tsformer_serve_names_the_job_and_writes_one_line_per_request(trained, answers):
     lines = answers.server_log.strip().splitlines()
-    assert lines[0].startswith(f"serving the {trained.job.name} model ("), lines
+    if first_of_its_job(trained.task):  # the process announces its model (the others: the application alone)
+        assert lines[0].startswith(f"serving the {trained.job.name} model ("), lines
+    else:
+        assert Predictor.of_folder(trained.result.model_folder).job is trained.job
     requests = [line for line in lines if "/invocations" in line and not line.startswith("serving")]
     assert len(requests) == 1, lines
 
