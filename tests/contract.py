@@ -76,6 +76,7 @@ RUNS = {
     FORECASTERS + "EncoderDecoderForecaster": _plant("tsformer.tasks.EncoderDecoderForecaster"),
     FORECASTERS + "DecoderOnlyForecaster": _plant("tsformer.tasks.DecoderOnlyForecaster"),
     FORECASTERS + "EncoderForecaster": _plant("tsformer.tasks.EncoderForecaster"),
+    FORECASTERS + "LinearForecaster": _plant("tsformer.tasks.LinearForecaster"),
     "tsformer.tasks.reconstruction.ReconstructionTask": _plant(
         "tsformer.tasks.ReconstructionTask", "model.context_len=30"
     ),
@@ -95,7 +96,13 @@ RUNS = {
 # which test_contract_<name>.py file trains which task classes (each file a worker's share of `make test`)
 FILES = {
     "forecasters": [
-        FORECASTERS + n for n in ("EncoderDecoderForecaster", "DecoderOnlyForecaster", "EncoderForecaster")
+        FORECASTERS + n
+        for n in (
+            "EncoderDecoderForecaster",
+            "DecoderOnlyForecaster",
+            "EncoderForecaster",
+            "LinearForecaster",
+        )
     ],
     "window_models": [
         "tsformer.tasks.reconstruction.ReconstructionTask",

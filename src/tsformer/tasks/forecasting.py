@@ -12,6 +12,11 @@
   the N history steps and, when there are known covariates, M more tokens carrying the known
   covariates of the future steps (their target and observed channels zero, and a flag channel 1).
 
+- `LinearForecaster` (`linear`): the closed-form channel-shared ridge (`models/linear.py`), no
+  Transformer: fitted when the fit starts (train windows, the penalty chosen on validation windows);
+  the fit loop then runs one epoch that moves no weight (its train/loss and validation are logged as
+  any model's) and stops. Every forecasting run measures the same model as its `linear` baseline.
+
 Evaluation always predicts the future without looking at it: only `hist_*` and `fut_known` enter
 `predict_target`.
 
@@ -32,17 +37,23 @@ step at once (`predict_params`).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from tsformer.models import (
+    ChannelSharedLinear,
     DecoderOnly,
     DecoderOnlyConfig,
     EncoderDecoder,
     EncoderDecoderConfig,
     EncoderOnly,
     EncoderOnlyConfig,
+    LinearConfig,
 )
+from tsformer.models.linear import PENALTIES
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
+from tsformer.tasks.baselines import LinearForecast, Persistence, window_batches
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -58,6 +69,10 @@ class _Forecaster(WindowTask):
 
     def build_forecaster(self, net: dict) -> torch.nn.Module:
         raise NotImplementedError
+
+    def job_baselines(self) -> list:
+        """Persistence (`test/baseline_*`) and the closed-form linear forecaster (`test/linear_*`)."""
+        return [Persistence(), LinearForecast()]
 
 
 class EncoderDecoderForecaster(_Forecaster):
@@ -215,3 +230,63 @@ class EncoderForecaster(_Forecaster):
 
     def predict_params(self, batch: dict) -> torch.Tensor:
         return self.head.params(self.net(self.tokens(batch)))  # (B, M, Dy, P)
+
+
+class LinearForecaster(_Forecaster):
+    """`model=linear`: the closed-form linear forecaster as a model family (`models/linear.py`).
+
+    `subtract`: each window's reference (last | mean); `penalties`: the relative ridge penalties the
+    validation windows choose among. It reads the target channels' history and the future known
+    covariates; `model.net` (the Transformer's settings, shared by the config files) is not used.
+    """
+
+    family = "linear"
+    supported_options = frozenset()
+
+    def __init__(self, *args, subtract: str = "last", penalties: list[float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.head.probabilistic:
+            raise ValueError(f"model=linear takes the point head (head=point), not head={self.head.kind}")
+        self.val_mse_by_penalty: dict[float, float] = {}
+
+    def build_forecaster(self, net: dict) -> ChannelSharedLinear:
+        hp = self.hparams
+        penalties = PENALTIES if hp.penalties is None else tuple(hp.penalties)
+        return ChannelSharedLinear(
+            LinearConfig(hp.context_len, hp.horizon, hp.d_known, hp.subtract, penalties)
+        )  # the static features appended to the known covariates are not read (d_known first)
+
+    def on_fit_start(self) -> None:
+        dm = self.trainer.datamodule
+        self.val_mse_by_penalty = self.net.fit(
+            window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+        )
+        # `training_step` returns None on purpose (no optimiser step): Lightning's warning that it did,
+        # for this fit only
+        self._none_on_purpose = warnings.catch_warnings()
+        self._none_on_purpose.__enter__()
+        warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
+
+    def on_fit_end(self) -> None:
+        self._restore_warnings()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._restore_warnings()
+
+    def _restore_warnings(self) -> None:
+        if getattr(self, "_none_on_purpose", None) is not None:
+            self._none_on_purpose.__exit__(None, None, None)
+            self._none_on_purpose = None
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        # train/loss logged as any model's; None: no optimiser step, the weights are solved for (`on_fit_start`)
+        super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self.trainer.should_stop = True  # one epoch: the weights are final before it
+
+    def teacher_forced(self, batch: dict):
+        return self.predict_target(batch), batch["fut_target"], valid_steps(batch, "fut")
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        return self.net(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
