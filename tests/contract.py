@@ -32,7 +32,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
+from conftest import NOT_LINEAR, REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
 from tsformer.data import simulate_plant
 from tsformer.jobs import JOBS, job_of_folder, load_model
 from tsformer.predict import main as predict_main
@@ -76,7 +76,9 @@ RUNS = {
     FORECASTERS + "EncoderDecoderForecaster": _plant("tsformer.tasks.EncoderDecoderForecaster"),
     FORECASTERS + "DecoderOnlyForecaster": _plant("tsformer.tasks.DecoderOnlyForecaster"),
     FORECASTERS + "EncoderForecaster": _plant("tsformer.tasks.EncoderForecaster"),
-    FORECASTERS + "LinearForecaster": _plant("tsformer.tasks.LinearForecaster"),
+    FORECASTERS + "LinearForecaster": lambda f: [
+        o for o in _plant("tsformer.tasks.LinearForecaster")(f) if not o.startswith(NOT_LINEAR)
+    ],
     "tsformer.tasks.reconstruction.ReconstructionTask": _plant(
         "tsformer.tasks.ReconstructionTask", "model.context_len=30"
     ),

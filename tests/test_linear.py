@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from conftest import TINY
+from conftest import TINY, TINY_LINEAR
 from tsformer.data.windows import WindowDataset
 from tsformer.jobs.forecasting.job import loses_to
 from tsformer.models.linear import PENALTIES, ChannelSharedLinear, LinearConfig
@@ -82,7 +82,16 @@ def test_the_fit_is_numpy_s_solution_of_the_same_normal_equations(subtract):
     np.testing.assert_allclose(pred, (x_all @ expected[best][0]).transpose(0, 2, 1) + ref, atol=1e-4)
 
 
-def test_a_bad_setting_is_one_line_naming_it():
+def test_a_bad_setting_is_one_line_naming_it(tmp_path):
+    from hydra.utils import instantiate
+
+    cfg = compose_config(["model=linear", *TINY_LINEAR, "+model.net.d_model=16"], tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    with pytest.raises(
+        Exception, match=r"model\.net: the linear forecaster has no network settings, got \['d_model'\]"
+    ):
+        build_task(cfg.model, dm)
     with pytest.raises(ValueError, match=r"model\.subtract: 'first' is not one of last, mean"):
         LinearConfig(N, M, subtract="first")
     with pytest.raises(ValueError, match=r"model\.penalties"):
@@ -93,7 +102,9 @@ def test_every_forecasting_task_measures_persistence_and_the_linear_forecaster(t
     from hydra.utils import instantiate
 
     for model in ("enc_dec", "dec_only", "enc_only_forecast", "linear"):
-        cfg = compose_config([f"model={model}", *TINY], tmp_path / model)
+        cfg = compose_config(
+            [f"model={model}", *(TINY_LINEAR if model == "linear" else TINY)], tmp_path / model
+        )
         dm = instantiate(cfg.data)
         dm.setup()
         task = build_task(cfg.model, dm)
@@ -112,7 +123,9 @@ def test_a_model_that_loses_says_so_in_one_line():
 
 @pytest.mark.slow
 def test_model_linear_trains_in_one_epoch_and_equals_its_linear_baseline(in_tmp, capsys):
-    cfg = compose_config(["model=linear", *TINY, "trainer.max_epochs=5", "figures=true"], in_tmp / "out")
+    cfg = compose_config(
+        ["model=linear", *TINY_LINEAR, "trainer.max_epochs=5", "figures=true"], in_tmp / "out"
+    )
     result = run(cfg)
     printed = capsys.readouterr().out
     metrics = result.metrics

@@ -237,7 +237,7 @@ class LinearForecaster(_Forecaster):
 
     `subtract`: each window's reference (last | mean); `penalties`: the relative ridge penalties the
     validation windows choose among. It reads the target channels' history and the future known
-    covariates; `model.net` (the Transformer's settings, shared by the config files) is not used.
+    covariates. It has no network settings (`model.net` empty) and moves no weight by gradient.
     """
 
     family = "linear"
@@ -250,6 +250,8 @@ class LinearForecaster(_Forecaster):
         self.val_mse_by_penalty: dict[float, float] = {}
 
     def build_forecaster(self, net: dict) -> ChannelSharedLinear:
+        if net:  # a network setting would be silently ignored: say so (a model folder's too)
+            raise ValueError(f"model.net: the linear forecaster has no network settings, got {sorted(net)}")
         hp = self.hparams
         penalties = PENALTIES if hp.penalties is None else tuple(hp.penalties)
         return ChannelSharedLinear(
