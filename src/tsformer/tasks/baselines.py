@@ -86,15 +86,20 @@ class LinearForecast:
     def __init__(self, subtract: str = "last", name: str = "linear"):
         self.subtract = subtract
         self.name = name
-        self.description = (
-            f"ridge regression from each channel's window (minus its {subtract} value) and the future known "
-            "covariates, weights shared by the channels, penalty chosen on validation windows"
+        self.description = self._description(with_known=True)
+
+    def _description(self, with_known: bool) -> str:
+        known = " and the future known covariates" if with_known else ""
+        return (
+            f"ridge regression from each channel's window (minus its {self.subtract} value){known}, weights "
+            "shared by the channels, penalty chosen on validation windows"
         )
 
     def fit(
         self, train: WindowDataset, features: FeaturePipeline, table: pd.DataFrame, val: WindowDataset
     ) -> None:
         cfg = LinearConfig(train.context_len, train.horizon, train.known.shape[1], self.subtract)
+        self.description = self._description(with_known=cfg.d_known > 0)
         self.model = ChannelSharedLinear(cfg)
         self.val_mse = self.model.fit(window_batches(train), window_batches(val))
 
