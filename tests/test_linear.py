@@ -145,3 +145,28 @@ def test_model_linear_trains_in_one_epoch_and_equals_its_linear_baseline(in_tmp,
     # the model folder holds the solved weights and the chosen penalty, as a state_dict (no pickle)
     weights = torch.load(result.model_folder / "weights.pt", weights_only=True)
     assert float(weights["net.penalty"]) in PENALTIES and weights["net.weight"].abs().sum() > 0
+
+
+def test_a_linear_path_starts_the_transformer_from_the_linear_forecast(tmp_path):
+    from hydra.utils import instantiate
+
+    # RevIN and channel independence included: the linear forecast enters the network's view as a target
+    options = ["model.revin=true", "model.channel_independent=true", "model.linear_path=true"]
+    cfg = compose_config(["model=enc_only_forecast", *TINY, *options], tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = build_task(cfg.model, dm)
+    task.fit_linear_path(dm)
+    baseline = LinearForecast()
+    baseline.fit(dm.datasets["train"], dm.features, dm.frame, val=dm.datasets["val"])
+    batch = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        torch.testing.assert_close(task.eval().forecast(batch), baseline.predict(batch), rtol=1e-4, atol=1e-4)
+    assert task.linear_path.weight.requires_grad  # trained on with the Transformer
+    with pytest.raises(Exception, match="model.linear_path takes the point head"):
+        build_task(
+            compose_config(
+                ["model=enc_only_forecast", *TINY, "model.linear_path=true", "head=gaussian"], tmp_path
+            ).model,
+            dm,
+        )

@@ -181,8 +181,58 @@ class DecoderOnlyForecaster(_Forecaster):
 
 
 class EncoderForecaster(_Forecaster):
+    """`linear_path`: the forecast is the closed-form linear forecaster's (`models/linear.py`, solved on
+    the train windows when the fit starts, penalty chosen on the validation windows) plus the
+    Transformer's. The linear forecast is made in the data's units and enters the network's view as a
+    target does (`fut_linear`: RevIN-normalised, split by channel), so the sum is exactly the linear
+    forecast while the Transformer's output layer, which starts at zero, adds nothing: training starts
+    from the linear forecast, the Transformer learns what it misses, the linear weights train too.
+    Point head only."""
+
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
+
+    def __init__(self, *args, linear_path: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.linear_path = None
+        if linear_path:
+            if self.head.probabilistic:
+                raise ValueError(
+                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
+                )
+            hp = self.hparams
+            self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
+            self.linear_path.weight.requires_grad_(True)  # solved first, then trained with the rest
+            torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
+            torch.nn.init.zeros_(self.net.head.bias)
+
+    def on_fit_start(self) -> None:
+        if (
+            self.linear_path is not None and self.linear_path.penalty.isnan()
+        ):  # not solved yet (resumed: kept)
+            self.fit_linear_path(self.trainer.datamodule)
+
+    def fit_linear_path(self, dm) -> None:
+        """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
+        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+
+    def _with_linear_path(self, batch: dict) -> dict:
+        """A batch as it comes from the data (static features appended) with its linear forecast."""
+        if self.linear_path is None:
+            return batch
+        return batch | {
+            "fut_linear": self.linear_path(batch["hist_target"], batch["fut_known"])
+        }  # (B, M, Dy)
+
+    def forecast(self, batch: dict) -> torch.Tensor:
+        return super().forecast(self._with_linear_path(batch))
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        return super().training_loss(self._with_linear_path(batch))
+
+    def _plus_linear_path(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The network's output plus the linear forecast in the network's view (`fut_linear`)."""
+        return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
@@ -223,10 +273,13 @@ class EncoderForecaster(_Forecaster):
         return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)
 
     def teacher_forced(self, batch: dict):  # nothing to force: the forecast itself
-        return self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut")
+        out = self._plus_linear_path(self.net(self.tokens(batch)), batch)
+        return out, batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.head.point_of_raw(self.net(self.tokens(batch)))  # (B, M, Dy)
+        return self.head.point_of_raw(
+            self._plus_linear_path(self.net(self.tokens(batch)), batch)
+        )  # (B, M, Dy)
 
     def predict_params(self, batch: dict) -> torch.Tensor:
         return self.head.params(self.net(self.tokens(batch)))  # (B, M, Dy, P)
