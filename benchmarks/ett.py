@@ -163,6 +163,7 @@ DETAIL_COLUMNS = [
     "persistence_mse_ours",
     "persistence_mse_peer_side",
     "linear_mse_same_run",
+    "best_val_mse",
     "mse_drop_last_128",
     "mlflow_run_id",
 ]
@@ -271,6 +272,7 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
         "test_windows": int(logged.metrics["test/n_windows"]),
         "persistence_mse_ours": result.metrics["test/baseline_mse"],
         "linear_mse_same_run": result.metrics["test/linear_mse"],  # every forecasting run measures it
+        "best_val_mse": result.best_val,  # what chose the checkpoint: the figure a recipe is chosen on
         "mse_drop_last_128": drop_last_mse(window_mse.to_numpy()),
         "mlflow_run_id": result.run_id,
         "batch_size": int(cfg.data.batch_size),  # as composed: the experiment's, or an --override's
@@ -463,7 +465,11 @@ def fmt(v, column: str = ""):
     if column == "train_s":
         return f"{v:.1f}"
     if isinstance(v, float):
-        return f"{v:.4f}" if column.startswith(("mse", "mae", "persistence", "linear")) else f"{v:.4g}"
+        return (
+            f"{v:.4f}"
+            if column.startswith(("mse", "mae", "persistence", "linear", "best_val"))
+            else f"{v:.4g}"
+        )
     return str(v)
 
 
