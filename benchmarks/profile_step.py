@@ -14,6 +14,7 @@ this machine, printed as measured:
   `torch.mm` of the same FLOPs takes: the step's speed as a fraction of the machine's matmul speed;
 - loader: drawing a batch from the run's train DataLoader (windows cut and collated), per batch;
 - Lightning: `trainer.fit` of --steps batches, no validation, per step (loop, logging, loader included);
+- the aten ops that take the most time in a step (torch.profiler's self time);
 - validation: one pass over every validation window as `validation_step` does it (the loss and the
   forecast), against a training epoch at the measured step time.
 """
@@ -48,6 +49,16 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def top_ops(step, n: int) -> list[tuple[str, float]]:
+    """(op, self CPU ms) of the `n` aten ops that take the most time in one call of `step`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [(e.key, e.self_cpu_time_total / 1e3) for e in ops[:n]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,6 +72,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=8, help="steps timed (median)")
     parser.add_argument("--override", action="append", default=[], help="any train.py setting")
+    parser.add_argument("--top", type=int, default=8, help="aten ops listed by self time")
     args = parser.parse_args()
 
     import lightning as L
@@ -143,6 +155,9 @@ def main() -> None:
     print(
         f"  Lightning fit of {args.steps} steps: {fit_s * 1e3:.1f} ms a step ({fit_s / step_s:.2f}x the bare step)"
     )
+    print(f"  the {args.top} aten ops with the most self time in one step (torch.profiler, ms):")
+    for name, ms in top_ops(step, args.top):
+        print(f"    {ms:8.1f}  {name}")
     print(
         f"  validation pass ({len(dm.datasets['val'])} windows, {len(val_loader)} batches): {val_s:.1f} s; "
         f"a training epoch ({len(loader)} steps x the bare step): {epoch_s:.1f} s; validation "
