@@ -53,7 +53,7 @@ from tsformer.models import (
 )
 from tsformer.models.linear import PENALTIES
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
-from tsformer.tasks.baselines import LinearForecast, Persistence, window_batches
+from tsformer.tasks.baselines import LinearForecast, window_batches
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -72,7 +72,7 @@ class _Forecaster(WindowTask):
 
     def job_baselines(self) -> list:
         """Persistence (`test/baseline_*`) and the closed-form linear forecaster (`test/linear_*`)."""
-        return [Persistence(), LinearForecast()]
+        return [self.naive_baseline(), LinearForecast()]
 
 
 class EncoderDecoderForecaster(_Forecaster):
