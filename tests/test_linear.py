@@ -152,7 +152,8 @@ def test_a_linear_path_starts_the_transformer_from_the_linear_forecast(tmp_path)
 
     # RevIN and channel independence included: the linear forecast enters the network's view as a target
     options = ["model.revin=true", "model.channel_independent=true", "model.linear_path=true"]
-    cfg = compose_config(["model=enc_only_forecast", *TINY, *options], tmp_path)
+    cfg_overrides = ["model=enc_only_forecast", *TINY, *options]
+    cfg = compose_config(cfg_overrides, tmp_path)
     dm = instantiate(cfg.data)
     dm.setup()
     task = build_task(cfg.model, dm)
@@ -163,6 +164,8 @@ def test_a_linear_path_starts_the_transformer_from_the_linear_forecast(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(task.eval().forecast(batch), baseline.predict(batch), rtol=1e-4, atol=1e-4)
     assert task.linear_path.weight.requires_grad  # trained on with the Transformer
+    frozen = build_task(compose_config([*cfg_overrides, "model.linear_path_frozen=true"], tmp_path).model, dm)
+    assert not frozen.linear_path.weight.requires_grad
     with pytest.raises(Exception, match="model.linear_path takes the point head"):
         build_task(
             compose_config(

@@ -186,13 +186,13 @@ class EncoderForecaster(_Forecaster):
     Transformer's. The linear forecast is made in the data's units and enters the network's view as a
     target does (`fut_linear`: RevIN-normalised, split by channel), so the sum is exactly the linear
     forecast while the Transformer's output layer, which starts at zero, adds nothing: training starts
-    from the linear forecast, the Transformer learns what it misses, the linear weights train too.
-    Point head only."""
+    from the linear forecast, the Transformer learns what it misses, the linear weights train too
+    (`linear_path_frozen`: they stay as solved). Point head only."""
 
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
 
-    def __init__(self, *args, linear_path: bool = False, **kwargs):
+    def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.linear_path = None
         if linear_path:
@@ -202,7 +202,8 @@ class EncoderForecaster(_Forecaster):
                 )
             hp = self.hparams
             self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
-            self.linear_path.weight.requires_grad_(True)  # solved first, then trained with the rest
+            # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
+            self.linear_path.weight.requires_grad_(not linear_path_frozen)
             torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
             torch.nn.init.zeros_(self.net.head.bias)
 
