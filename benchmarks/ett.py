@@ -27,10 +27,15 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
 - tsformer-dec_only: decoder-only, RevIN + channel independence, one token per step (d_model 64,
   2 layers); generated step by step at test time;
 - tsformer-dec_only-patch16: the same with patch tokens of 16 steps side by side (TimesFM's design),
-  generated 16 steps (one token) at a time.
+  generated 16 steps (one token) at a time;
+- tsformer-linear: `model=linear`, the closed-form channel-shared ridge (models/linear.py): solved on
+  the train windows, its penalty chosen on the validation windows, no optimiser step. Every row of
+  ours also reports the same forecaster fitted inside its own run (`linear_mse_same_run`, the run's
+  `test/linear_mse`): the same windows, the same train rows.
 
-Rows `nf-<name>` (when `neuralforecast` is importable) are neuralforecast's PatchTST, iTransformer and
-VanillaTransformer, trained by `NeuralForecast.cross_validation(step_size=1, refit=False,
+Rows `nf-<name>` (when `neuralforecast` is importable) are neuralforecast's PatchTST, iTransformer,
+VanillaTransformer, DLinear and NLinear (the linear peers of "Are Transformers Effective for Time Series
+Forecasting?", 2023, trained by gradient descent as there), trained by `NeuralForecast.cross_validation(step_size=1, refit=False,
 val_size=test_size=the protocol's 2880 (x4))` on the SAME scaled values (our datamodule's
 train-fitted StandardScaler applied to the table first; neuralforecast's own scaler is `identity`),
 so they train on rows [0, 8640) and forecast exactly the same rolling origins. Before any peer is
@@ -119,8 +124,10 @@ OURS = {
         "model.channel_independent=true",
         "model.patch_len=16",
     ],
+    # the closed-form channel-shared ridge (models/linear.py): fitted, not trained (one epoch, no step)
+    "tsformer-linear": ["model=linear"],
 }
-PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer")
+PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer", "nf-DLinear", "nf-NLinear")
 QUICK = [
     "model.net.d_model=16",
     "model.net.n_heads=2",
@@ -155,6 +162,8 @@ DETAIL_COLUMNS = [
     "steps",
     "persistence_mse_ours",
     "persistence_mse_peer_side",
+    "linear_mse_same_run",
+    "best_val_mse",
     "mse_drop_last_128",
     "mlflow_run_id",
 ]
@@ -262,6 +271,8 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
         "params": int(logged.params["n_params"]),
         "test_windows": int(logged.metrics["test/n_windows"]),
         "persistence_mse_ours": result.metrics["test/baseline_mse"],
+        "linear_mse_same_run": result.metrics["test/linear_mse"],  # every forecasting run measures it
+        "best_val_mse": result.best_val,  # what chose the checkpoint: the figure a recipe is chosen on
         "mse_drop_last_128": drop_last_mse(window_mse.to_numpy()),
         "mlflow_run_id": result.run_id,
         "batch_size": int(cfg.data.batch_size),  # as composed: the experiment's, or an --override's
@@ -289,7 +300,7 @@ def nf_model(
     d_model, dropout: VanillaTransformer's width (FFN 4 x d_model) and dropout (None: its default),
     for the throughput rows."""
     from neuralforecast.losses.pytorch import MSE
-    from neuralforecast.models import PatchTST, VanillaTransformer, iTransformer
+    from neuralforecast.models import DLinear, NLinear, PatchTST, VanillaTransformer, iTransformer
 
     common = {
         "h": H,
@@ -348,6 +359,14 @@ def nf_model(
             learning_rate=1e-4,
             **({} if dropout is None else {"dropout": dropout}),
         ), f"univariate: d {d}, 2 encoder + 1 decoder layers, 4 heads, FFN {4 * d}, no RevIN"
+    if name == "nf-DLinear":  # one linear map per component, channels sharing it (its "individual" off)
+        return DLinear(
+            **common, batch_size=7, windows_batch_size=BATCH * 7, moving_avg_window=25, learning_rate=1e-3
+        ), "univariate: trend (moving average 25) + remainder, one linear map each"
+    if name == "nf-NLinear":  # one linear map of the window minus its last value
+        return NLinear(
+            **common, batch_size=7, windows_batch_size=BATCH * 7, learning_rate=1e-3
+        ), "univariate: one linear map of the window minus its last value"
     raise ValueError(name)
 
 
@@ -446,7 +465,11 @@ def fmt(v, column: str = ""):
     if column == "train_s":
         return f"{v:.1f}"
     if isinstance(v, float):
-        return f"{v:.4f}" if column.startswith(("mse", "mae", "persistence")) else f"{v:.4g}"
+        return (
+            f"{v:.4f}"
+            if column.startswith(("mse", "mae", "persistence", "linear", "best_val"))
+            else f"{v:.4g}"
+        )
     return str(v)
 
 

@@ -1,4 +1,6 @@
-"""The documents' worked examples, measured: one markdown table of test errors beside the baselines.
+"""The documents' worked examples, measured: one markdown table of test errors beside the baselines
+(every forecasting run's persistence and linear forecaster among them), and for each model the baselines it
+loses to.
 
     python benchmarks/examples.py                       # every example whose data is found, 3 seeds
     python benchmarks/examples.py --only sensor_30_70   # one example
@@ -54,6 +56,13 @@ COMMON = [
     "trainer.enable_model_summary=false",
     "logger.mlflow.experiment_name=examples",
 ]
+
+
+def loses_to(metrics: list[dict], baselines: list[str]) -> list[str]:
+    """The baselines (persistence `baseline`, the linear forecaster `linear`, ...) whose test MAE in
+    original units, averaged over the seeds, is below the model's."""
+    model = np.mean([m["test/mae_orig"] for m in metrics])
+    return [b for b in baselines if np.mean([m[f"test/{b}_mae_orig"] for m in metrics]) < model]
 
 
 def data_sizes(overrides: list[str]) -> dict[str, int]:
@@ -237,6 +246,7 @@ def main() -> None:
                 if who == label:
                     row["params"] = f"{int(logged[0].params['n_params']):,}"
                     row["train s"] = mean_sd([d.metrics["fit/seconds"] for d in logged])
+                    row["loses to (mean MAE orig)"] = ", ".join(loses_to(metrics, baselines)) or "none"
                 rows.append(row)
             if spec.get("coherence"):
                 per_seed = [

@@ -155,6 +155,10 @@ TINY = [
 
 
 # a tiny anomaly-detection run on the simulated plant with faults (4 series of 1400 rows, half normal)
+# model=linear has no network and no optimiser: TINY without their sizes
+NOT_LINEAR = ("model.net.", "model.warmup_steps")
+TINY_LINEAR = [o for o in TINY if not o.startswith(NOT_LINEAR)]
+
 TINY_ANOMALY = [
     "experiment=plant_anomaly",
     *[o for o in TINY if not o.startswith(("data.source", "n_plot"))],

@@ -40,7 +40,7 @@ import yaml
 from matplotlib.figure import Figure
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
+from conftest import NOT_LINEAR, REPO, TINY, TINY_ANOMALY, CountAllocations, plant_csv_overrides
 from tsformer import tracking
 from tsformer.callbacks import MLflowRun
 from tsformer.data import simulate_plant
@@ -87,6 +87,9 @@ RUNS = {
     FORECASTERS + "EncoderDecoderForecaster": _plant("tsformer.tasks.EncoderDecoderForecaster"),
     FORECASTERS + "DecoderOnlyForecaster": _plant("tsformer.tasks.DecoderOnlyForecaster"),
     FORECASTERS + "EncoderForecaster": _plant("tsformer.tasks.EncoderForecaster"),
+    FORECASTERS + "LinearForecaster": lambda f: [
+        o for o in _plant("tsformer.tasks.LinearForecaster")(f) if not o.startswith(NOT_LINEAR)
+    ],
     "tsformer.tasks.reconstruction.ReconstructionTask": _plant(
         "tsformer.tasks.ReconstructionTask", "model.context_len=30"
     ),
@@ -106,7 +109,13 @@ RUNS = {
 # which test_contract_<name>.py file trains which task classes (each file a worker's share of `make test`)
 FILES = {
     "forecasters": [
-        FORECASTERS + n for n in ("EncoderDecoderForecaster", "DecoderOnlyForecaster", "EncoderForecaster")
+        FORECASTERS + n
+        for n in (
+            "EncoderDecoderForecaster",
+            "DecoderOnlyForecaster",
+            "EncoderForecaster",
+            "LinearForecaster",
+        )
     ],
     "window_models": [
         "tsformer.tasks.reconstruction.ReconstructionTask",

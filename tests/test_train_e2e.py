@@ -63,6 +63,8 @@ def test_train_py_end_to_end(family, in_tmp, capsys):
         assert name in run.data.metrics, name
         assert np.isfinite(run.data.metrics[name])
     assert "test/mae_orig/dynamic_temperature" in run.data.metrics
+    if job == "forecasting":  # the linear forecaster beside persistence in every forecasting run
+        assert {"test/linear_mse", "test/linear_mae_orig"} <= set(run.data.metrics)
     artifacts = {
         a.path
         for folder in ("", "plots", "forecasts", "scalers", "checkpoints", "config")

@@ -3,7 +3,12 @@ classification and the masked pre-training of its encoder)."""
 
 from tsformer.tasks.base import WindowTask
 from tsformer.tasks.classification import ClassificationTask
-from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
+from tsformer.tasks.forecasting import (
+    DecoderOnlyForecaster,
+    EncoderDecoderForecaster,
+    EncoderForecaster,
+    LinearForecaster,
+)
 from tsformer.tasks.masked import MaskedFillIn
 from tsformer.tasks.pretraining import MaskedPretraining
 from tsformer.tasks.reconstruction import ReconstructionTask
@@ -13,6 +18,7 @@ __all__ = [
     "DecoderOnlyForecaster",
     "EncoderDecoderForecaster",
     "EncoderForecaster",
+    "LinearForecaster",
     "MaskedFillIn",
     "MaskedPretraining",
     "ReconstructionTask",

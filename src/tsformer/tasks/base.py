@@ -131,8 +131,8 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
                 "mae_orig_by_var": MeanAbsoluteError(num_outputs=d_target),
             }
         )
-        # the naive baseline of the job first (its metrics are test/baseline_*), then any extra ones
-        self.baselines = [self.naive_baseline(), *(baselines or [])]
+        # the job's baselines, the naive one first (its metrics are test/baseline_*), then any extra ones
+        self.baselines = [*self.job_baselines(), *(baselines or [])]
         names = [b.name for b in self.baselines]
         if len(set(names)) != len(names):
             raise ValueError(f"baseline names must differ, got {names}")
@@ -386,6 +386,11 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
         """The job's naive baseline (forecasting: persistence)."""
         return Persistence()
 
+    def job_baselines(self) -> list:
+        """The baselines every run of the job measures, the naive one first (forecasting adds the
+        linear forecaster)."""
+        return [self.naive_baseline()]
+
     # -- Lightning hooks ----------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -424,7 +429,7 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
             )
         self._test_chunks = []
         dm = self.trainer.datamodule  # what the baselines and the calibration are fitted on
-        fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame)
+        fit_baselines(self.baselines, dm.datasets["train"], dm.features, dm.frame, val=dm.datasets["val"])
         if self.head.probabilistic:  # the naive baseline plus the quantiles of its own validation errors
             self.prob_baseline = ErrorQuantiles(self.baselines[0])
             self.prob_baseline.fit_errors(dm.val_dataloader(), reconstruction=self.reconstructs)
@@ -464,6 +469,7 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
                 "true": true.cpu(),
                 "valid": valid.cpu(),
                 "baseline": preds["baseline"].cpu(),
+                **{f"pred_{b.name}": preds[b.name].cpu() for b in self.baselines[1:]},  # the other baselines'
                 **{
                     ("quantiles" if who == "model" else f"{who}_quantiles"): q.cpu()
                     for who, q in quantiles.items()

@@ -12,6 +12,11 @@
   the N history steps and, when there are known covariates, M more tokens carrying the known
   covariates of the future steps (their target and observed channels zero, and a flag channel 1).
 
+- `LinearForecaster` (`linear`): the closed-form channel-shared ridge (`models/linear.py`), no
+  Transformer: fitted when the fit starts (train windows, the penalty chosen on validation windows);
+  the fit loop then runs one epoch that moves no weight (its train/loss and validation are logged as
+  any model's) and stops. Every forecasting run measures the same model as its `linear` baseline.
+
 Evaluation always predicts the future without looking at it: only `hist_*` and `fut_known` enter
 `predict_target`.
 
@@ -32,17 +37,23 @@ step at once (`predict_params`).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from tsformer.models import (
+    ChannelSharedLinear,
     DecoderOnly,
     DecoderOnlyConfig,
     EncoderDecoder,
     EncoderDecoderConfig,
     EncoderOnly,
     EncoderOnlyConfig,
+    LinearConfig,
 )
+from tsformer.models.linear import PENALTIES
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
+from tsformer.tasks.baselines import LinearForecast, window_batches
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -58,6 +69,10 @@ class _Forecaster(WindowTask):
 
     def build_forecaster(self, net: dict) -> torch.nn.Module:
         raise NotImplementedError
+
+    def job_baselines(self) -> list:
+        """Persistence (`test/baseline_*`) and the closed-form linear forecaster (`test/linear_*`)."""
+        return [self.naive_baseline(), LinearForecast()]
 
 
 class EncoderDecoderForecaster(_Forecaster):
@@ -166,8 +181,59 @@ class DecoderOnlyForecaster(_Forecaster):
 
 
 class EncoderForecaster(_Forecaster):
+    """`linear_path`: the forecast is the closed-form linear forecaster's (`models/linear.py`, solved on
+    the train windows when the fit starts, penalty chosen on the validation windows) plus the
+    Transformer's. The linear forecast is made in the data's units and enters the network's view as a
+    target does (`fut_linear`: RevIN-normalised, split by channel), so the sum is exactly the linear
+    forecast while the Transformer's output layer, which starts at zero, adds nothing: training starts
+    from the linear forecast, the Transformer learns what it misses, the linear weights train too
+    (`linear_path_frozen`: they stay as solved). Point head only."""
+
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
+
+    def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.linear_path = None
+        if linear_path:
+            if self.head.probabilistic:
+                raise ValueError(
+                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
+                )
+            hp = self.hparams
+            self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
+            # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
+            self.linear_path.weight.requires_grad_(not linear_path_frozen)
+            torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
+            torch.nn.init.zeros_(self.net.head.bias)
+
+    def on_fit_start(self) -> None:
+        if (
+            self.linear_path is not None and self.linear_path.penalty.isnan()
+        ):  # not solved yet (resumed: kept)
+            self.fit_linear_path(self.trainer.datamodule)
+
+    def fit_linear_path(self, dm) -> None:
+        """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
+        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+
+    def _with_linear_path(self, batch: dict) -> dict:
+        """A batch as it comes from the data (static features appended) with its linear forecast."""
+        if self.linear_path is None:
+            return batch
+        return batch | {
+            "fut_linear": self.linear_path(batch["hist_target"], batch["fut_known"])
+        }  # (B, M, Dy)
+
+    def forecast(self, batch: dict) -> torch.Tensor:
+        return super().forecast(self._with_linear_path(batch))
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        return super().training_loss(self._with_linear_path(batch))
+
+    def _plus_linear_path(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The network's output plus the linear forecast in the network's view (`fut_linear`)."""
+        return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
@@ -208,10 +274,75 @@ class EncoderForecaster(_Forecaster):
         return torch.cat([hist, fut], dim=1)  # (B, N + M, D + 1)
 
     def teacher_forced(self, batch: dict):  # nothing to force: the forecast itself
-        return self.net(self.tokens(batch)), batch["fut_target"], valid_steps(batch, "fut")
+        out = self._plus_linear_path(self.net(self.tokens(batch)), batch)
+        return out, batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
-        return self.head.point_of_raw(self.net(self.tokens(batch)))  # (B, M, Dy)
+        return self.head.point_of_raw(
+            self._plus_linear_path(self.net(self.tokens(batch)), batch)
+        )  # (B, M, Dy)
 
     def predict_params(self, batch: dict) -> torch.Tensor:
         return self.head.params(self.net(self.tokens(batch)))  # (B, M, Dy, P)
+
+
+class LinearForecaster(_Forecaster):
+    """`model=linear`: the closed-form linear forecaster as a model family (`models/linear.py`).
+
+    `subtract`: each window's reference (last | mean); `penalties`: the relative ridge penalties the
+    validation windows choose among. It reads the target channels' history and the future known
+    covariates. It has no network settings (`model.net` empty) and moves no weight by gradient.
+    """
+
+    family = "linear"
+    supported_options = frozenset()
+
+    def __init__(self, *args, subtract: str = "last", penalties: list[float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.head.probabilistic:
+            raise ValueError(f"model=linear takes the point head (head=point), not head={self.head.kind}")
+        self.val_mse_by_penalty: dict[float, float] = {}
+
+    def build_forecaster(self, net: dict) -> ChannelSharedLinear:
+        if net:  # a network setting would be silently ignored: say so (a model folder's too)
+            raise ValueError(f"model.net: the linear forecaster has no network settings, got {sorted(net)}")
+        hp = self.hparams
+        penalties = PENALTIES if hp.penalties is None else tuple(hp.penalties)
+        return ChannelSharedLinear(
+            LinearConfig(hp.context_len, hp.horizon, hp.d_known, hp.subtract, penalties)
+        )  # the static features appended to the known covariates are not read (d_known first)
+
+    def on_fit_start(self) -> None:
+        dm = self.trainer.datamodule
+        self.val_mse_by_penalty = self.net.fit(
+            window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+        )
+        # `training_step` returns None on purpose (no optimiser step): Lightning's warning that it did,
+        # for this fit only
+        self._none_on_purpose = warnings.catch_warnings()
+        self._none_on_purpose.__enter__()
+        warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
+
+    def on_fit_end(self) -> None:
+        self._restore_warnings()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._restore_warnings()
+
+    def _restore_warnings(self) -> None:
+        if getattr(self, "_none_on_purpose", None) is not None:
+            self._none_on_purpose.__exit__(None, None, None)
+            self._none_on_purpose = None
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        # train/loss logged as any model's; None: no optimiser step, the weights are solved for (`on_fit_start`)
+        super().training_step(batch, batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self.trainer.should_stop = True  # one epoch: the weights are final before it
+
+    def teacher_forced(self, batch: dict):
+        return self.predict_target(batch), batch["fut_target"], valid_steps(batch, "fut")
+
+    def predict_target(self, batch: dict) -> torch.Tensor:
+        return self.net(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)

@@ -38,7 +38,9 @@ from torch import nn
 from tsformer.nn.channels import merge_channels, repeat_per_channel, split_channels
 from tsformer.nn.revin import InstanceScale, RevIN
 
-TARGET_KEYS = ("hist_target", "fut_target")  # the (B, T, Dy) tensors; everything else is per window
+# the (B, T, Dy) tensors in the targets' units; everything else is per window. fut_linear: a linear
+# forecast the network adds to its own (EncoderForecaster's linear path)
+TARGET_KEYS = ("hist_target", "fut_target", "fut_linear")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Forecasting (model=enc_dec, dec_only, enc_only_forecast, patchtst): the windows' sizes, the forecasts
+"""Forecasting (model=enc_dec, dec_only, enc_only_forecast, patchtst, linear): the windows' sizes, the forecasts
 CSV (original units) and sampled paths, the model folder checked by a round trip, the figures and each
 test window's error in MLflow, the metric table, and predict.py's forecasts of a new table.
 
@@ -49,7 +49,12 @@ from tsformer.jobs.forecasting.plots import (
 )
 from tsformer.serving.writers import write_csv, write_json, write_parquet
 from tsformer.settings import SettingError
-from tsformer.tasks.forecasting import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
+from tsformer.tasks.forecasting import (
+    DecoderOnlyForecaster,
+    EncoderDecoderForecaster,
+    EncoderForecaster,
+    LinearForecaster,
+)
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
 WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled units), in window order
@@ -146,10 +151,16 @@ def figures(cfg: DictConfig, task, datamodule, outputs: RunOutputs) -> dict:
     }
     model_mae = mae_by_step(view, tested["pred"], tested["true"], tested["valid"])
     baseline_mae = mae_by_step(view, tested["baseline"], tested["true"], tested["valid"])
+    others = {  # the other baselines' (forecasting: the linear forecaster)
+        b.name: mae_by_step(view, tested[f"pred_{b.name}"], tested["true"], tested["valid"])
+        for b in task.baselines[1:]
+        if f"pred_{b.name}" in tested
+    }
     figures["plots/error_by_step.png"] = error_by_step_figure(
-        model_mae, baseline_mae, reconstruction, view.freq, units
+        model_mae, baseline_mae, reconstruction, view.freq, units, others=others
     )
-    figures["plots/attention.png"] = attention_figure(task, view, datamodule.datasets["test"])
+    if getattr(task.net, "attends", True):  # the linear forecaster has no attention to show
+        figures["plots/attention.png"] = attention_figure(task, view, datamodule.datasets["test"])
     if task.head.probabilistic:
         quantiles = select_levels(tested["quantiles"], task.report_levels, BAND_LEVELS)
         args = (tested["pred"], tested["true"], tested["valid"], quantiles, BAND_LEVELS)
@@ -187,6 +198,7 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     probabilistic = ("crps", "crps_orig", "pinball", "coverage_80", "width_80", "width_80_orig")
     names += [n for n in probabilistic if f"test/{n}" in metrics]
     lines = metric_table(metrics, names, baselines)
+    lines += loses_to(metrics, baselines)
     if "calibration/val_coverage_80_as_trained" in metrics:
         lines.append(
             "spread calibration (model.head.calibrate, calibration_window): the validation windows' 80% "
@@ -204,6 +216,23 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
     if outputs.details.get("new_data"):
         lines.append(f"a new table for it: {outputs.details['new_data']}")
     return lines
+
+
+def loses_to(metrics: dict[str, float], baselines: list) -> list[str]:
+    """One line when the model's test MSE (scaled) is above a baseline's (persistence, the linear
+    forecaster, ...): a user must not have to read the table to learn it; none otherwise."""
+    model = metrics.get("test/mse")
+    if model is None:
+        return []
+    beaten_by = [
+        (b, metrics[f"test/{b.name}_mse"])
+        for b in baselines
+        if metrics.get(f"test/{b.name}_mse", float("inf")) < model
+    ]
+    if not beaten_by:
+        return []
+    which = "; ".join(f"{b.name} {mse:.4f} ({model / mse:.2f}x)" for b, mse in beaten_by)
+    return [f"the model loses to {len(beaten_by)} baseline(s): test mse {model:.4f} against {which}"]
 
 
 # -- predict.py, tsformer-serve, the pyfunc model ------------------------------------------------
@@ -228,7 +257,7 @@ JOB = job_of_module(
     data_class=TimeSeriesDataModule,
     folders=(FOLDER,),
     name="forecasting",
-    tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster),
+    tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster, LinearForecaster),
     data=DATA,
     prediction=Prediction(answer, report, params=(ORIGIN, TIME_FORMAT)),
     usage=predict_usage("forecast new data", "--output", "forecasts.csv"),

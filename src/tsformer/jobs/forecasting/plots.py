@@ -135,10 +135,12 @@ def error_by_step_figure(
     reconstruction: bool = False,
     freq=None,
     units: Mapping[str, str] | None = None,
+    others: Mapping[str, pd.DataFrame] | None = None,
 ):
     """Mean absolute error (each variable's unit) against the step, one line per variable (and baseline).
 
-    model, baseline: `export.mae_by_step` tables (columns variable, step, mae); `reconstruction`: the
+    model, baseline and each of `others` (named baselines: the linear forecaster): `export.mae_by_step`
+    tables (columns variable, step, mae); `reconstruction`: the
     steps are positions in a reconstructed window (from 0), not steps ahead of a forecast origin.
     `freq` (the data's step): a second axis, on top, says the steps in time; `units`: `data.units`."""
     fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
@@ -150,6 +152,9 @@ def error_by_step_figure(
         if baseline is not None:
             b = baseline[baseline.variable == var]
             ax.plot(b.step, b.mae, ls="--", color=line.get_color(), label=f"{name}: naive baseline")
+        for (other, table), style in zip((others or {}).items(), (":", "-.", (0, (1, 3)))):
+            b = table[table.variable == var]
+            ax.plot(b.step, b.mae, ls=style, color=line.get_color(), label=f"{name}: {other}")
     steps = "position in the window (steps from its start)" if reconstruction else "steps ahead of the origin"
     ax.set_xlabel(steps)
     ax.set_ylabel(
