@@ -8,10 +8,6 @@ TORCH_VERSION ?= 2.13.0
 # scikit-learn, scipy and statsmodels (our dependencies), while its requirements pin numpy<2 and pull
 # torch, transformers, tslearn, stumpy and more
 TSB_AD_VERSION := 1.5
-# The project's packages go in with uv's pip interface: the same versions as pip resolves (compared on
-# this machine), in a third of its time (28 s against about 75 s on 2 cores); torch stays pip's, above
-UV_VERSION := >=0.13,<0.14
-UV := $(VENV)/bin/uv
 
 .PHONY: install test test-fast lint format train serve bench clean
 
@@ -20,9 +16,8 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q "uv$(UV_VERSION)"
-	$(UV) pip install --python $(PY) -q -e ".[dev,spark]"
-	$(UV) pip install --python $(PY) -q --no-deps "TSB-AD==$(TSB_AD_VERSION)"
+	$(PY) -m pip install -q -e ".[dev,spark]"
+	$(PY) -m pip install -q --no-deps "TSB-AD==$(TSB_AD_VERSION)"
 	touch $@
 
 # pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
