@@ -32,15 +32,12 @@ def skab_folder(root, rows: int = 520) -> None:
         frame.to_csv(root / "SKAB" / folder / "0.csv", sep=";", index=False)
 
 
-def test_the_detector_trains_as_train_py_does_on_train_rows_without_labels(tmp_path, monkeypatch):
-    """The benchmark trains the job's task with `train.fit_task` on the composed configs
-    (experiment=anomaly_benchmark, the method's model, the seed, --set overrides), the run's table
-    without its labels and its train rows as the normal rows; it is scored beside the peers."""
-    skab_folder(tmp_path)
-    calls = []
+def benchmark_with_hotelling_detector(monkeypatch, before_fit):
+    """benchmarks/anomaly.py, its detector's training (`train.fit_task`) replaced by Hotelling's T2 fitted
+    on the train rows; `before_fit(cfg, source)` is called first (it may raise: a refused series)."""
 
     def fit_task(cfg, source=None):
-        calls.append({"cfg": cfg, "source": source})
+        before_fit(cfg, source)
         channels = list(cfg.data.target_cols)
         model = HotellingT2().fit(source[channels].to_numpy()[: cfg.data.train_end])
         return types.SimpleNamespace(
@@ -51,7 +48,18 @@ def test_the_detector_trains_as_train_py_does_on_train_rows_without_labels(tmp_p
 
     monkeypatch.setattr(tsformer.train, "fit_task", fit_task)
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    anomaly = importlib.import_module("anomaly")
+    return importlib.import_module("anomaly")
+
+
+def test_the_detector_trains_as_train_py_does_on_train_rows_without_labels(tmp_path, monkeypatch):
+    """The benchmark trains the job's task with `train.fit_task` on the composed configs
+    (experiment=anomaly_benchmark, the method's model, the seed, --set overrides), the run's table
+    without its labels and its train rows as the normal rows; it is scored beside the peers."""
+    skab_folder(tmp_path)
+    calls = []
+    anomaly = benchmark_with_hotelling_detector(
+        monkeypatch, lambda cfg, source: calls.append({"cfg": cfg, "source": source})
+    )
     results = tmp_path / "RESULTS.md"
     results.write_text(
         "notes before\n<!-- table skab-forecast -->\nold\n<!-- /table skab-forecast -->\nnotes after\n"
@@ -109,21 +117,12 @@ def test_a_series_a_method_refuses_is_counted_as_refused_and_the_next_is_scored(
     skab_folder(tmp_path)
     calls = []
 
-    def fit_task(cfg, source=None):  # refuses the first file, fits the second
+    def refuse_the_first_file(cfg, source):
         calls.append(cfg)
         if len(calls) == 1:
             raise ValueError("score=restoration: every channel is a state channel")
-        channels = list(cfg.data.target_cols)
-        model = HotellingT2().fit(source[channels].to_numpy()[: cfg.data.train_end])
-        return types.SimpleNamespace(
-            task=types.SimpleNamespace(score=lambda t: model.score(t[channels].to_numpy()))
-        )
 
-    import tsformer.train
-
-    monkeypatch.setattr(tsformer.train, "fit_task", fit_task)
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    anomaly = importlib.import_module("anomaly")
+    anomaly = benchmark_with_hotelling_detector(monkeypatch, refuse_the_first_file)
     results, rows = tmp_path / "RESULTS.md", tmp_path / "rows"
     argv = ["anomaly.py", "--data", str(tmp_path), "--datasets", "skab", "--files", "2", "--seeds", "0"]
     monkeypatch.setattr(
