@@ -330,6 +330,20 @@ def post(url: str, body: bytes) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+def wait_listening(server: subprocess.Popen, port: int, seconds: float) -> None:
+    """Until tsformer-serve (`server`, its output piped) has loaded its model and listens on `port` of
+    127.0.0.1; fails with its output if it died, or if `seconds` passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert server.poll() is None, server.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, f"tsformer-serve did not listen within {seconds:g} s"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+
+
 def serve_one_request(
     folder: Path, table: pd.DataFrame, params: dict, tmp: Path
 ) -> tuple[tuple[int, dict], str]:
@@ -342,15 +356,7 @@ def serve_one_request(
         cwd=tmp, env=BARE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while True:  # until the model is loaded and the server listens (or it died, or the time is up)
-            assert server.poll() is None, server.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "tsformer-serve did not listen within 180 s"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.3)
+        wait_listening(server, port, seconds=180)
         split = json.loads(table.to_json(orient="split", index=False))
         body = json.dumps({"dataframe_split": split, "params": params}).encode()
         served = post(f"http://127.0.0.1:{port}/invocations", body)

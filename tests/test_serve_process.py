@@ -19,22 +19,10 @@ import psutil
 import pytest
 
 from conftest import REPO
-from contract import BARE, free_port, post
+from contract import BARE, free_port, post, wait_listening
 
 FIXTURES = REPO / "tests" / "fixtures"
 pytestmark = pytest.mark.slow  # a server process: its imports alone take seconds
-
-
-def wait_listening(server: subprocess.Popen, port: int) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, server.stdout.read().decode()[-3000:]
-        assert time.monotonic() < deadline, "tsformer-serve did not listen within 120 s"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
 
 
 def health(port: int) -> int:
@@ -74,7 +62,7 @@ def server(tmp_path):
         command, cwd=tmp_path, env=BARE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
-        wait_listening(process, port)
+        wait_listening(process, port, seconds=120)
         yield process, port
     finally:
         if process.poll() is None:
