@@ -260,6 +260,7 @@ def test_metrics_count_requests_by_status_latency_rows_queue_and_load_time(anoma
     assert values[("tsformer_rows_total", ())] == 40
     assert values[("tsformer_queue_depth", ())] == 0 and values[("tsformer_running", ())] == 0
     assert ("tsformer_model_load_seconds", ()) in values
+    assert values[("tsformer_process", (("pid", str(os.getpid())),))] == 1  # the process answering
 
 
 def sorted_rows(rows: list[dict]) -> pd.DataFrame:
