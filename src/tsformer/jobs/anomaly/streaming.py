@@ -188,7 +188,7 @@ def _series_answer(model: AnomalyModel, before: SeriesState | None, new: dict, n
     )
     judged = _judged(model, rows, scores, alarm, event_ids, times)
     keep = history_rows(model)
-    after = SeriesState(values[len(values) - keep :] if keep else values[:0], total - min(keep, len(values)),
+    after = SeriesState(values[max(0, len(values) - keep) :] if keep else values[:0], total - min(keep, len(values)),
                         total, alarms, event, means, ends, active)  # fmt: skip
     return judged, records, after, n_events
 
