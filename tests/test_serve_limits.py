@@ -260,6 +260,7 @@ def test_metrics_count_requests_by_status_latency_rows_queue_and_load_time(anoma
     assert values[("tsformer_rows_total", ())] == 40
     assert values[("tsformer_queue_depth", ())] == 0 and values[("tsformer_running", ())] == 0
     assert ("tsformer_model_load_seconds", ()) in values
+    assert values[("tsformer_process", (("pid", str(os.getpid())),))] == 1  # the process answering
 
 
 def sorted_rows(rows: list[dict]) -> pd.DataFrame:
@@ -268,7 +269,7 @@ def sorted_rows(rows: list[dict]) -> pd.DataFrame:
 
 def test_a_stream_answers_each_new_row_once_as_the_whole_table_scored_causally(anomaly_model, anomaly_table):
     """Chunks of the table sent under one key: every row answered once, as judging the whole table
-    causally answers it; a forecaster-like model that does not stream refuses the param in one line."""
+    causally answers it; a model whose job does not stream (a classifier) refuses the param in one line."""
     whole, _, _ = anomaly_model.model.judge(
         anomaly_table.assign(time=pd.to_datetime(anomaly_table.time)), causal=True
     )
@@ -292,7 +293,7 @@ def test_a_stream_answers_each_new_row_once_as_the_whole_table_scored_causally(a
         return await client.post("/invocations", content=body(stream="k"))
 
     model = Blocking()
-    model.job, model.streams_not = SimpleNamespace(name="forecasting"), "params: 'stream' is not an option"
+    model.job, model.streams_not = SimpleNamespace(name="classification"), "params: 'stream' is not an option"
     refused = serve(model, not_streaming)
     assert refused.status_code == 400 and "'stream' is not an option" in one_short_line(refused)
 

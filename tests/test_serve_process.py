@@ -1,25 +1,30 @@
 """tsformer-serve as a process, where the process is what is tested (tests/test_serve_limits.py tests the
 application in-process): slow clients (a body sent a byte at a time is answered 408; headers sent a byte
 at a time hold their connection only), memory after hostile requests, and SIGTERM, which finishes the
-request in flight and then stops with one log line."""
+request in flight and then stops with one log line; `--workers 2` (the model's answer from either
+process, /metrics the answering process's own)."""
 
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
-from contract import BARE, free_port, post, wait_listening
+from contract import BARE, free_port, json_round_trip, post, wait_listening
+from tsformer.serving.predictor import Predictor
 
 FIXTURES = REPO / "tests" / "fixtures"
 pytestmark = pytest.mark.slow  # a server process: its imports alone take seconds
@@ -116,3 +121,35 @@ def test_slow_clients_hostile_requests_and_sigterm(server):
     assert lines[-1].startswith("INFO tsformer.serving.server: stopped: "), lines[-5:]
     assert "0 still running" in lines[-1]
     assert not [line for line in lines if "Traceback" in line]
+
+
+def test_two_worker_processes_answer_the_model_and_each_reports_its_own_metrics(tmp_path):
+    """`--workers 2`: the processes share the port, each with its model; an answer equals the model's,
+    and a scrape of /metrics reaches one worker, whose own figures it holds (`pid`: docs/operations.md)."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "tsformer-serve"), str(FIXTURES / "anomaly_1"), "--port",
+               str(port), "--workers", "2", "--threads", "1"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, env=BARE, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        wait_listening(process, port, seconds=120)  # the port is bound before the workers load the model
+        table = pd.read_csv(FIXTURES / "anomaly_1_input.csv").iloc[:60]
+        good = json.dumps({"dataframe_split": json.loads(table.to_json(orient="split", index=False))})
+        status, answer = post(f"http://127.0.0.1:{port}/invocations", good.encode())
+        assert status == 200, answer
+        expected = Predictor.of_folder(FIXTURES / "anomaly_1").predict(table)
+        pd.testing.assert_frame_equal(pd.DataFrame(answer["predictions"]), json_round_trip(expected))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as scraped:
+            families = list(text_string_to_metric_families(scraped.read().decode()))
+        samples = {s.name: s for family in families for s in family.samples}
+        workers = {str(child.pid) for child in psutil.Process(process.pid).children(recursive=True)}
+        assert samples["tsformer_process"].labels["pid"] in workers  # a worker's, not the supervisor's
+        assert "tsformer_model_load_seconds" in samples and "tsformer_requests_total" in samples
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -6,12 +6,17 @@
 - `tsformer_queue_depth`: requests waiting for a worker; `tsformer_running`: requests being answered
 - `tsformer_streams`: streams whose state is kept
 - `tsformer_model_load_seconds`: how long loading the model took at start
+- `tsformer_process{pid}`: 1, labelled with the id of the process that answered the scrape
 
 Each application has its own registry (not prometheus_client's global one), so that several in one
-process (tests) count apart. Paths that are no route of the server are counted as `other`.
+process (tests) count apart. Paths that are no route of the server are counted as `other`. With
+`--workers N`, each process counts its own requests and a scrape reaches one of them (its `pid` says
+which): the figures are per process, not the server's sum.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -55,6 +60,8 @@ class Metrics:
         Gauge("tsformer_model_load_seconds", "Seconds the model took to load", registry=registry).set(
             load_seconds
         )
+        Gauge("tsformer_process", "1, labelled with the id of the process answering", ["pid"],
+              registry=registry).labels(str(os.getpid())).set(1)  # fmt: skip
         self._total = 0
 
     def answered(self, path: str, status: int, seconds: float) -> None:

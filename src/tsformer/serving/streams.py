@@ -5,8 +5,8 @@ The state itself is the job's and opaque here (`Predictor.predict_stream(state, 
 the answer and the next state; it bounds what it keeps per key). This store bounds the keys: past
 `max_keys`, the least recently used key is dropped with a log line, and its name is remembered (a few
 times `max_keys` names) so that its next request is told that its state was lost rather than silently
-started again. Requests of one key are answered one after another (a lock per key); a request that fails
-leaves the key's state as it was.
+started again (a request that fails then says so too). Requests of one key are answered one after another
+(a lock per key); a request that fails leaves the key's state as it was.
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ class StreamStates:
             with self._lock:
                 state = self._states.get(key)
                 new, lost = state is None, state is None and key in self._dropped
-            answer, state = answer_with(state)  # may raise: the key keeps its state
+            try:
+                answer, state = answer_with(state)  # may raise: the key keeps its state
+            except ValueError as err:
+                if lost:  # the rows alone may not do (a forecaster's history): say why they were alone
+                    raise ValueError(
+                        f"stream {key!r} was dropped (more than {self.max_keys} streams kept): {err}"
+                    ) from err
+                raise
             with self._lock:
                 self._states[key] = state
                 self._states.move_to_end(key)

@@ -233,22 +233,30 @@ class AnomalyScoring:
         self.channel_loc.copy_(torch.as_tensor(np.asarray(loc, dtype=np.float64)))
         self.channel_scale.copy_(torch.as_tensor(np.asarray(scale, dtype=np.float64)))
 
-    def standardised(self, table: pd.DataFrame) -> np.ndarray:
-        """`(T, C)` float32 values of `table`'s channels, standardised by the train rows; a constant
-        channel at its train value (0): its departures are scored apart (`departures`)."""
+    def standardised(self, table: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """`(T, C)` float32 values of `table`'s channels (or of those values `(T, C)` themselves),
+        standardised by the train rows; a constant channel at its train value (0): its departures are
+        scored apart (`departures`)."""
         loc, scale = self.channel_loc.cpu().numpy(), self.channel_scale.cpu().numpy()
-        values = ((table[self.channels].to_numpy(dtype=np.float32) - loc) / scale).astype(np.float32)
+        raw = self._channel_values(table, np.float32)
+        values = ((raw - loc) / scale).astype(np.float32)
         values[:, self.is_constant] = 0.0
         return values
 
-    def departures(self, table: pd.DataFrame) -> np.ndarray:
+    def departures(self, table: pd.DataFrame | np.ndarray) -> np.ndarray:
         """`(T, C)`: each constant channel's departure from its train value, in units of
         `departure_unit` of its size (of 1 when smaller); 0 on the other channels. A row's own
         departure only: it reads no other row."""
-        values = table[self.channels].to_numpy(dtype=np.float64)  # (T, C)
+        values = self._channel_values(table, np.float64)  # (T, C)
         level = self.channel_loc.cpu().numpy()  # a constant's value (its train mean)
         unit = float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) * np.maximum(np.abs(level), 1.0)
         return np.where(self.is_constant, np.abs(values - level) / unit, 0.0)
+
+    def _channel_values(self, table: pd.DataFrame | np.ndarray, dtype) -> np.ndarray:
+        """`(T, C)` of `dtype`: the channels of a table, or values `(T, C)` already in the channels' order."""
+        if isinstance(table, np.ndarray):
+            return table.astype(dtype, copy=False)
+        return table[self.channels].to_numpy(dtype=dtype)
 
     def with_departures(self, scores: Scores, table: pd.DataFrame) -> Scores:
         """`scores` with the constant channels' departures added to the row score, to their channels'
@@ -613,6 +621,16 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         group)."""
         hp = self.hparams
         N, C = hp.context_len, hp.d_target
+        # kept between calls (a stream's request restores one window: building them cost as much)
+        key = (self.is_scored.tobytes(), N, C, hp.n_masks, hp.run_length, hp.channel_out, hp.get("channel_groups"),
+               str(self.device))  # fmt: skip
+        cache = self.__dict__.setdefault("_scoring_masks", {})
+        if key not in cache:
+            cache[key] = self._built_masks(N, C)
+        return cache[key]
+
+    def _built_masks(self, N: int, C: int) -> list[list[torch.Tensor]]:
+        hp = self.hparams
         scored = torch.from_numpy(self.is_scored).unsqueeze(0)  # (1, C)
         phase = (torch.arange(N).unsqueeze(1) // hp.run_length + torch.arange(C).unsqueeze(0)) % hp.n_masks
         kinds = [[(phase == k) & scored for k in range(hp.n_masks)]]
@@ -631,29 +649,51 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
 
     def restoration_errors(self, windows: torch.Tensor) -> np.ndarray:
         """`(K, W, N, C)` squared errors of each value restored while hidden, per kind of mask (0 on
-        state channels, never hidden)."""
+        state channels, never hidden). Windows under several masks share a network call up to `CHUNK`
+        windows in all: a whole table's chunk takes a call per mask, a stream's few new windows one call
+        for every mask (15 calls of one window each cost 10x one call of 15)."""
         kinds = self.scoring_masks()
+        masks = [(k, mask) for k, kind in enumerate(kinds) for mask in kind]
         err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
         for a in range(0, len(windows), CHUNK):
             x = windows[a : a + CHUNK]
-            for k, kind in enumerate(kinds):
-                for mask in kind:
-                    err[k, a : a + CHUNK] += torch.where(mask, (self.restore_under(x, mask) - x) ** 2, 0.0)
+            per_call = max(1, CHUNK // len(x))
+            for b in range(0, len(masks), per_call):
+                group = masks[b : b + per_call]
+                hidden = torch.stack([mask for _, mask in group])  # (G, N, C)
+                restored = self.restore_under(x, hidden)  # (G, B, N, C)
+                squared = torch.where(hidden.unsqueeze(1), (restored - x) ** 2, 0.0)
+                kind = torch.tensor([k for k, _ in group])
+                for k in kind.unique().tolist():  # a kind's masks never hide one value twice: sums exact
+                    err[k, a : a + CHUNK] += squared[kind == k].sum(0)
         return err.double().cpu().numpy()
 
     def restore_under(self, windows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them.
-        The mask is the same for all, so the interpolation the hidden values enter as is one matrix per
+        """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them;
+        masks `(G, N, C)`: each mask over every window, `(G, B, N, C)`, in one network call. A mask is
+        the same for all windows, so the interpolation the hidden values enter as is one matrix per
         channel, computed once per mask (`interpolation`), not searched for window by window; with
         `window_norm` (each window its own scale), `restore` itself."""
-        empty = windows[..., :0]
-        batch = {"hist_target": windows, "hist_known": empty, "hist_observed": empty}
+        masks = mask.unsqueeze(0) if mask.dim() == 2 else mask  # (G, N, C)
+        G, (B, N, C) = len(masks), windows.shape
+        hidden = masks.unsqueeze(1).expand(G, B, N, C).reshape(G * B, N, C)
         if self.hparams.window_norm or not self.hparams.interpolate_hidden:
-            return self.restore(batch, mask.expand_as(windows))
-        line = torch.einsum("cnm,bmc->bnc", self.interpolation(mask), windows)  # (B, N, C)
-        hidden = mask.to(windows.dtype).expand_as(windows)
-        params = self.head.params(self.net(torch.cat([line, hidden], -1)))  # (B, N, C, P)
-        return self.head.point(params + line.unsqueeze(-1))  # the network's correction to the line
+            x = windows.repeat(G, 1, 1)
+            empty = x[..., :0]
+            out = self.restore({"hist_target": x, "hist_known": empty, "hist_observed": empty}, hidden)
+        else:
+            line = torch.einsum("gcnm,bmc->gbnc", self.interpolations(masks), windows).reshape(G * B, N, C)
+            params = self.head.params(self.net(torch.cat([line, hidden.to(windows.dtype)], -1)))
+            out = self.head.point(params + line.unsqueeze(-1))  # the network's correction to the line
+        return out.reshape(B, N, C) if mask.dim() == 2 else out.reshape(G, B, N, C)
+
+    def interpolations(self, masks: torch.Tensor) -> torch.Tensor:
+        """`(G, C, N, N)`: `interpolation` of each of `masks` `(G, N, C)`, kept by the masks."""
+        key = masks.cpu().numpy().tobytes()
+        cache = self.__dict__.setdefault("_stacked_interpolations", {})
+        if key not in cache:
+            cache[key] = torch.stack([self.interpolation(m) for m in masks])
+        return cache[key]
 
     def interpolation(self, mask: torch.Tensor) -> torch.Tensor:
         """`(C, N, N)`: per channel, the matrix taking a window's values to them with the values of `mask

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from pandas.tseries.api import guess_datetime_format
 
 from tsformer.data.anomaly import SERIES_COL, check_labels, check_table, series_rows
 from tsformer.data.schema import read_times
@@ -50,8 +51,8 @@ class Event:
 
 @dataclass(frozen=True)
 class SeriesState:
-    kept: pd.DataFrame  # the last rows (the pending ones among them)
-    offset: int  # series position of kept's first row
+    values: np.ndarray  # (K, C) float32: the last rows' standardised channels (the pending ones among them)
+    offset: int  # series position of values' first row
     answered: int  # rows of the series answered
     alarms: np.ndarray  # the last n - 1 alarms (bool)
     event: Event | None = None
@@ -60,12 +61,15 @@ class SeriesState:
     window_means: dict = field(default_factory=dict)
     window_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     active: bool = False  # whether the last row answered was active (hysteresis holds a run from it)
+    pending: dict = field(default_factory=dict)  # the rows not answered yet (`_rows_of`), before one window
 
 
 @dataclass(frozen=True)
 class StreamState:
     series: dict = field(default_factory=dict)  # series id -> SeriesState
     n_events: int = 0  # events opened in this stream: the next event's id
+    # the text times' format, as the whole table's would be read: given, or inferred from the first row
+    time_format: str | None = None
 
 
 def history_rows(model: AnomalyModel) -> int:
@@ -94,94 +98,138 @@ def answer_stream(
             "this model's threshold follows slow drift (model.threshold_drift): it answers whole tables, "
             "not streams; send the table without params.stream"
         )
-    check_table(table, detector.channels, 1, source)
-    check_labels(table, model.label_col)
-    time_col = model.time_col
-    if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
-        table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
-    keep = [
-        c for c in (SERIES_COL, time_col, *detector.channels, model.label_col) if c and c in table.columns
-    ]
-    table = table[list(dict.fromkeys(keep))].reset_index(drop=True)
+    time_format = params["time_format"] or state.time_format or _inferred_format(table, model.time_col)
+    rows_of = _rows_of(model, table, time_format, source)
     groups = series_rows(table)
     if len(set(state.series) | set(groups)) > MAX_SERIES:
         raise ValueError(f"{source}: a stream keeps at most {MAX_SERIES} series; send more under another key")
     series, n_events = dict(state.series), state.n_events
     answers, events, pending = [], [], {}
     for sid, at in groups.items():
-        rows, record, series[sid], n_events = _series_answer(
-            model, series.get(sid), table.iloc[at], sid, n_events
-        )
+        new = {name: column[at] for name, column in rows_of.items()}
+        rows, record, series[sid], n_events = _series_answer(model, series.get(sid), new, n_events, sid)
         answers.append(rows)
         events += record
-        if series[sid].answered < series[sid].offset + len(series[sid].kept):
-            pending[str(sid)] = series[sid].offset + len(series[sid].kept) - series[sid].answered
-    rows = pd.concat(answers, ignore_index=True) if answers else pd.DataFrame()
-    rows.attrs["beside"] = {"events": pd.DataFrame(events, columns=EVENT_COLUMNS)}
+        if series[sid].pending:
+            pending[str(sid)] = len(series[sid].pending["values"])
+    if len(answers) == 1:
+        rows = answers[0]
+    else:
+        rows = pd.concat(answers, ignore_index=True) if answers else pd.DataFrame()
+    rows.attrs["beside"] = {
+        "events": pd.DataFrame(events, columns=EVENT_COLUMNS) if events else NO_EVENTS.copy()
+    }
     rows.attrs["stream"] = {"pending_rows": pending}
-    return rows, StreamState(series, n_events)
+    return rows, StreamState(series, n_events, time_format)
 
 
 EVENT_COLUMNS = ["event_id", "status", "series_id", "start", "end", "n_rows", "peak_score", "peak_time"]
 EVENT_COLUMNS += ["top_channels"]
+NO_EVENTS = pd.DataFrame([], columns=EVENT_COLUMNS)
 
 
-def _series_answer(model: AnomalyModel, before: SeriesState | None, new: pd.DataFrame, sid, n_events: int):
-    """(judged rows, event records, next SeriesState, next event number) of one series' new rows."""
+def _inferred_format(table: pd.DataFrame, time_col: str) -> str | None:
+    """The format pandas infers from the first text time (as reading the whole table does), kept for the
+    stream's later rows: inferring it again costs more than reading one row."""
+    if time_col not in table.columns or pd.api.types.is_numeric_dtype(table[time_col]):
+        return None
+    first = table[time_col].dropna()
+    return guess_datetime_format(first.iloc[0]) if len(first) and isinstance(first.iloc[0], str) else None
+
+
+def _rows_of(model: AnomalyModel, table: pd.DataFrame, time_format: str | None, source: str) -> dict:
+    """The columns of `table` a stream reads, checked, as arrays of its rows: `raw` `(T, C)` channel values,
+    `values` standardised, and where the table has them `series_id`, `time` (read as times) and `label`."""
+    detector = model.detector
+    try:  # the usual table (numeric channels, every cell a number) in one conversion
+        raw = np.column_stack([table[c].to_numpy() for c in detector.channels]).astype(np.float64, copy=False)
+        usable = bool(np.isfinite(raw).all())
+    except (KeyError, ValueError, TypeError):
+        usable = False
+    if not usable:
+        check_table(table, detector.channels, 1, source)  # one line naming the column and row
+        raw = table[detector.channels].to_numpy(dtype=np.float64)
+    check_labels(table, model.label_col)
+    rows = {"raw": raw, "values": detector.standardised(raw)}
+    if SERIES_COL in table.columns:
+        rows["series_id"] = table[SERIES_COL].to_numpy()
+    time_col = model.time_col
+    if time_col in table.columns:
+        times = table[time_col]
+        if not pd.api.types.is_numeric_dtype(times):
+            times = read_times(times, time_format, source)
+        rows["time"] = times.to_numpy()
+    if model.label_col is not None and model.label_col in table.columns:
+        rows["label"] = pd.to_numeric(table[model.label_col]).astype(int).to_numpy()
+    return rows
+
+
+def _series_answer(model: AnomalyModel, before: SeriesState | None, new: dict, n_events: int, sid):
+    """(judged rows, event records, next SeriesState, next event number) of one series' new rows
+    (`_rows_of`)."""
     detector = model.detector
     rule = model.rule
     if before is None:
-        before = SeriesState(new.iloc[:0], 0, 0, np.zeros(rule.n - 1, dtype=bool))
-    segment = pd.concat([before.kept, new], ignore_index=True)
-    total = before.offset + len(segment)
+        empty = np.zeros((0, len(detector.channels)), dtype=np.float32)
+        before = SeriesState(empty, 0, 0, np.zeros(rule.n - 1, dtype=bool))
+    values = np.concatenate([before.values, new["values"]]) if len(before.values) else new["values"]
+    rows = _joined(before.pending, new)  # the rows to answer: those kept pending, then the new ones
+    total = before.offset + len(values)
     if total < max(detector.window, detector.window_length):  # no complete window yet: kept, pending
-        return _judged(model, segment.iloc[:0], None, [], []), [], replace(before, kept=segment), n_events
-    first = before.answered - before.offset  # segment position of the first row to answer
-    scores, means, ends = _causal_scores(detector, segment, first, before)
+        none = _judged(model, {name: rows[name][:0] for name in ("label",) if name in rows}, None, [], [], [])
+        return none, [], replace(before, values=values, pending=rows), n_events
+    first = before.answered - before.offset  # position in `values` of the first row to answer
+    scores, means, ends = _causal_scores(detector, values, first, before)
+    scores = detector.with_departures(scores, rows["raw"])  # a constant channel's departures: each row's own
     alarm = scores.score > model.threshold
-    times = segment[model.time_col].to_numpy()[first:] if model.time_col in segment else np.arange(first, len(segment)) + before.offset  # fmt: skip
+    times = rows["time"] if "time" in rows else np.arange(before.answered, total)
     event_ids, records, alarms, event, n_events, active = _events(
         model, before, alarm, scores, times, before.answered, sid, n_events
     )
-    rows = _judged(model, segment.iloc[first:], scores, alarm, event_ids)
+    judged = _judged(model, rows, scores, alarm, event_ids, times)
     keep = history_rows(model)
-    after = SeriesState(segment.iloc[-keep:].reset_index(drop=True) if keep else segment.iloc[:0],
-                        total - min(keep, len(segment)), total, alarms, event, means, ends, active)  # fmt: skip
-    return rows, records, after, n_events
+    after = SeriesState(values[max(0, len(values) - keep) :] if keep else values[:0], total - min(keep, len(values)),
+                        total, alarms, event, means, ends, active)  # fmt: skip
+    return judged, records, after, n_events
 
 
-def _causal_scores(detector, segment: pd.DataFrame, first: int, before: SeriesState):
-    """(`Scores` of the segment's rows from `first` on, the last windows' mean contributions and their
+def _joined(pending: dict, new: dict) -> dict:
+    """The rows kept pending followed by the new ones (the columns both have)."""
+    if not pending:
+        return new
+    return {name: np.concatenate([pending[name], column]) for name, column in new.items() if name in pending}
+
+
+def _causal_scores(detector, values: np.ndarray, first: int, before: SeriesState):
+    """(`Scores` of the rows of `values` from `first` on, the last windows' mean contributions and their
     ends to keep) from the windows that end at those rows alone, and (`window` row score) the kept
-    scores of the windows before them. The segment starts at the series' first row, or `history_rows`
-    before `first`."""
-    L, offset = detector.window_length, before.offset
+    scores of the windows before them. `values` (standardised) start at the series' first row, or
+    `history_rows` before `first`."""
+    L, offset, n = detector.window_length, before.offset, len(values)
     start = max(0, first - (L - 1))  # the first window ending at a new row
     trim = max(0, start - _context(detector))  # the rows before what the windows read are left out
-    values = detector.standardised(segment.iloc[trim:])
-    starts = np.arange(start, len(segment) - L + 1)
+    starts = np.arange(start, n - L + 1)
     was_training = detector.training
-    detector.eval()
+    if was_training:
+        detector.eval()
     try:
         import torch
 
         with torch.inference_mode():
-            parts = detector.window_parts(values, starts - trim)
+            parts = detector.window_parts(values[trim:], starts - trim)
     finally:
-        detector.train(was_training)
+        if was_training:
+            detector.train()
     if detector.hparams.row_score != "window":
-        rows = {
-            name: detector.to_rows(p, starts, len(segment), causal=True)[first:] for name, p in parts.items()
-        }
+        rows = {name: detector.to_rows(p, starts, n, causal=True)[first:] for name, p in parts.items()}
         return detector.combined(rows), {}, np.zeros(0, dtype=int)
     ends = np.concatenate([before.window_ends, offset + starts + L - 1])  # series positions, in order
     means = {name: np.concatenate([before.window_means[name], p.mean(axis=1)]) if len(before.window_ends)
              else p.mean(axis=1) for name, p in parts.items()}  # fmt: skip
     rows = {
-        name: causal_rows_of_windows(m, ends - offset - (L - 1), L, len(segment))[first:]
-        for name, m in means.items()
+        name: causal_rows_of_windows(m, ends - offset - (L - 1), L, n)[first:] for name, m in means.items()
     }
-    last = ends > offset + len(segment) - L  # the windows a later row still averages
+    last = ends > offset + n - L  # the windows a later row still averages
     return detector.combined(rows), {name: m[last] for name, m in means.items()}, ends[last]
 
 
@@ -245,19 +293,19 @@ def _record(model: AnomalyModel, event: Event, status: str, sid) -> dict:
             "top_channels": ";".join(names[np.argsort(-event.contributions)[:N_TOP]])}  # fmt: skip
 
 
-def _judged(model: AnomalyModel, rows: pd.DataFrame, scores, alarm, event_ids) -> pd.DataFrame:
-    """The new rows as the whole table's `judge` writes them."""
-    n, n_top = len(rows), min(N_TOP, len(model.detector.channels))
+def _judged(model: AnomalyModel, rows: dict, scores, alarm, event_ids, times) -> pd.DataFrame:
+    """The rows (`_rows_of`) as the whole table's `judge` writes them."""
+    n, n_top = len(times), min(N_TOP, len(model.detector.channels))
     top = np.asarray(scores.top_channels(n_top)) if scores is not None else np.zeros((0, n_top), dtype=object)
     columns = {
-        "series_id": rows[SERIES_COL].to_numpy() if SERIES_COL in rows.columns else np.zeros(n, int),
-        "time": rows[model.time_col].to_numpy() if model.time_col in rows.columns else np.arange(n),
+        "series_id": rows["series_id"] if "series_id" in rows else np.zeros(n, int),
+        "time": times,
         "score": scores.score if scores is not None else np.zeros(0),
         "threshold": model.threshold,
         "alarm": np.asarray(alarm, dtype=int),
         "event_id": pd.array(event_ids, dtype="Int64"),
     } | {f"top_channel_{i + 1}": top[:, i] for i in range(n_top)}
     out = pd.DataFrame(columns)
-    if model.label_col is not None and model.label_col in rows.columns:
-        out["label"] = pd.to_numeric(rows[model.label_col]).astype(int).to_numpy()
+    if "label" in rows:
+        out["label"] = rows["label"]
     return out

@@ -47,6 +47,7 @@ from tsformer.jobs.forecasting.plots import (
     fan_chart_figure,
     forecast_windows_figure,
 )
+from tsformer.jobs.forecasting.streaming import answer_stream
 from tsformer.serving.writers import write_csv, write_json, write_parquet
 from tsformer.settings import SettingError
 from tsformer.tasks.forecasting import (
@@ -259,6 +260,8 @@ JOB = job_of_module(
     name="forecasting",
     tasks=(EncoderDecoderForecaster, DecoderOnlyForecaster, EncoderForecaster, LinearForecaster),
     data=DATA,
-    prediction=Prediction(answer, report, params=(ORIGIN, TIME_FORMAT)),
+    prediction=Prediction(
+        answer, report, params=(ORIGIN, TIME_FORMAT), stream=answer_stream
+    ),  # tsformer-serve's streams
     usage=predict_usage("forecast new data", "--output", "forecasts.csv"),
 )

@@ -14,7 +14,8 @@ JOB = replace(
     forecasting.JOB,
     name="reconstruction",
     tasks=(ReconstructionTask,),
-    # a reconstruction has no forecast origin: every row is rebuilt from the inputs of its window
-    prediction=replace(forecasting.JOB.prediction, params=(TIME_FORMAT,)),
+    # a reconstruction has no forecast origin: every row is rebuilt from the inputs of its window (around
+    # it: whole tables only, no stream)
+    prediction=replace(forecasting.JOB.prediction, params=(TIME_FORMAT,), stream=None),
     usage=predict_usage("reconstruct the targets of new data", "--output", "reconstruction.csv"),
 )
