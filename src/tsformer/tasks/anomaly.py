@@ -70,7 +70,8 @@ from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-DEPARTURE_UNIT = 0.01  # a constant channel's departure of 1 % of its size (0.01 below 1) scores 1
+DEPARTURE_UNIT = 1.0  # a constant channel's departure of its size (1 below 1) is one unit ...
+DEPARTURE_QUANTILE = 0.99  # ... which scores as the validation rows' 99th percentile score (each part's)
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
 EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
@@ -250,15 +251,23 @@ class AnomalyScoring:
         unit = float(self.hparams.get("departure_unit", DEPARTURE_UNIT)) * np.maximum(np.abs(level), 1.0)
         return np.where(self.is_constant, np.abs(values - level) / unit, 0.0)
 
+    def departure_score(self, name: str) -> float:
+        """What one unit of departure adds to score `name` (`"score"`, or a hybrid's part): the
+        validation rows' `DEPARTURE_QUANTILE` of that score (`calibrate`), so a departure weighs as a
+        large error of the detector's own scale; 1 in a folder written before (issue 49's first rule:
+        a departure of `departure_unit` scored 1)."""
+        return float((self.hparams.get("departure_scores") or {}).get(name, 1.0))
+
     def with_departures(self, scores: Scores, table: pd.DataFrame) -> Scores:
         """`scores` with the constant channels' departures added to the row score, to their channels'
-        contributions and to each part's score (every score kind sees them)."""
+        contributions and to each part's score (every score kind sees them, each on its own scale)."""
         if not self.is_constant.any():
             return scores
         away = self.departures(table)  # (T, C)
         total = away.sum(axis=1)
-        parts = {name: part + total for name, part in scores.parts.items()}
-        return Scores(scores.score + total, scores.contributions + away, scores.channels, parts)
+        parts = {name: part + total * self.departure_score(name) for name, part in scores.parts.items()}
+        unit = self.departure_score("score")
+        return Scores(scores.score + total * unit, scores.contributions + away * unit, scores.channels, parts)
 
     # -- scoring ----------------------------------------------------------------------------------
 
@@ -337,7 +346,14 @@ class AnomalyScoring:
         if len(parts) > 1:
             medians = [np.median(p.sum(axis=1)) for p in parts.values()]
             self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
-        self.val_scores = self.with_departures(self.combined(parts), val).score
+        combined = self.combined(parts)
+        # a departure's unit: each score's 99th percentile on these normal rows (constants do not depart
+        # in them), measured before the departures are added
+        scores = {"score": combined.score, **combined.parts}
+        self.hparams.departure_scores = {
+            name: max(float(np.quantile(values, DEPARTURE_QUANTILE)), 1e-12) for name, values in scores.items()
+        }
+        self.val_scores = self.with_departures(combined, val).score
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
         confidence = self.hparams.get("threshold_confidence")
@@ -445,6 +461,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -714,6 +731,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",
         head: dict | None = None,
