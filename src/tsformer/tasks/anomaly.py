@@ -351,7 +351,8 @@ class AnomalyScoring:
         # in them), measured before the departures are added
         scores = {"score": combined.score, **combined.parts}
         self.hparams.departure_scores = {
-            name: max(float(np.quantile(values, DEPARTURE_QUANTILE)), 1e-12) for name, values in scores.items()
+            name: max(float(np.quantile(values, DEPARTURE_QUANTILE)), 1e-12)
+            for name, values in scores.items()
         }
         self.val_scores = self.with_departures(combined, val).score
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
