@@ -226,6 +226,10 @@ def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passe
                 {"hist_target": x, "hist_known": empty, "hist_observed": empty}, mask.expand_as(x)
             )
             torch.testing.assert_close(task.restore_under(x, mask), expected, atol=1e-5, rtol=1e-5)
+        assert task.fast_path() and task.pass_plan(halves[0])["rows"] == slice(0, 4)  # a half: its rows
+        fast = task.restoration_errors(x)  # the fast path: only the rows and channels each pass hides
+        task.fast_path = lambda: False
+        np.testing.assert_allclose(fast, task.restoration_errors(x), atol=1e-5, rtol=1e-4)
     old = MaskedAnomalyDetector(
         **sizes, context_len=8, horizon=0
     )  # a folder without the setting: one per channel

@@ -64,7 +64,10 @@ from tsformer.data.window_scores import (
     rows_of_window_rows,
     rows_of_windows,
 )
+from tsformer.nn.attention import SelfAttention
+from tsformer.nn.embedding import InputProjection
 from tsformer.nn.masking import draw_mask, interpolate
+from tsformer.nn.patching import step_positions
 from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
@@ -648,16 +651,87 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]
 
     def restoration_errors(self, windows: torch.Tensor) -> np.ndarray:
-        """`(K, W, N, C)` squared errors of each value restored while hidden, per kind of mask (0 on
-        state channels, never hidden)."""
+        """`(K, W, N, C)` float32 squared errors of each value restored while hidden, per kind of mask (0
+        on state channels, never hidden). With the recipe's network (`fast_path`) each pass computes
+        only what its hidden values need (`hidden_errors`); otherwise `restore_under` whole."""
         kinds = self.scoring_masks()
         err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
+        if self.fast_path():
+            plans = [[self.pass_plan(mask) for mask in kind] for kind in kinds]
+            projection = self.net.input_proj.proj.weight[:, : windows.shape[-1]]  # the values' share (d, C)
         for a in range(0, len(windows), CHUNK):
             x = windows[a : a + CHUNK]
+            if self.fast_path():
+                base = x @ projection.T  # (B, N, d): the values' projection, shared by every pass
+                for k, kind in enumerate(plans):
+                    for plan in kind:
+                        self.hidden_errors(x, base, plan, err[k, a : a + CHUNK])
+                continue
             for k, kind in enumerate(kinds):
                 for mask in kind:
                     err[k, a : a + CHUNK] += torch.where(mask, (self.restore_under(x, mask) - x) ** 2, 0.0)
-        return err.double().cpu().numpy()
+        return err.cpu().numpy()  # float32: scaled in float64 (`scaled_errors`), as the values are exact
+
+    def fast_path(self) -> bool:
+        """Whether the network is the recipe's kind (one linear input projection, additive positions,
+        pre-norm self-attention blocks without RoPE, a relative bias or residual scores, the per-step
+        point head, interpolated hidden values, no window norm): `hidden_errors` then gives the errors
+        of `restore_under` for less work."""
+        net, hp = self.net, self.hparams
+        blocks = list(net.encoder.blocks)
+        return bool(
+            hp.interpolate_hidden and not hp.window_norm and self.head.kind == "point"
+            and isinstance(net.input_proj, InputProjection) and net.input_proj.d_in == 2 * hp.d_target
+            and net.patching is None and not net.conv and not net.use_cls and net.linear_skip is None
+            and net.cfg.head == "per_step" and net.encoder.relative_bias is None
+            and not net.encoder.residual_attention and not net.encoder.causal and blocks
+            and all(b.pre_norm and b.cross_attn is None and isinstance(b.self_attn, SelfAttention)
+                    and b.self_attn.rope is None for b in blocks)
+        )  # fmt: skip
+
+    def pass_plan(self, mask: torch.Tensor) -> dict:
+        """What one scoring pass under `mask (N, C)` needs, the same for every window: the channels it
+        hides (`channels`, indices), the rows that hold a hidden value (`rows`: a slice when they are
+        one run, else indices), their interpolation matrices `(c, N, N)`, the hidden flags' and the
+        positions' share of the input projection `(1, N, d)`, and the mask on those rows and channels."""
+        N, C = mask.shape
+        channels = torch.nonzero(mask.any(0)).flatten()
+        held = torch.nonzero(mask.any(1)).flatten()
+        lo, hi = int(held[0]), int(held[-1]) + 1
+        rows = slice(lo, hi) if hi - lo == len(held) else held
+        proj = self.net.input_proj.proj
+        flags = mask.to(proj.weight.dtype) @ proj.weight[:, C:].T + proj.bias  # (N, d)
+        shared = self.net.positional(flags.unsqueeze(0), step_positions(None, N, device=mask.device))
+        return {"channels": channels, "rows": rows, "interpolation": self.interpolation(mask)[channels],
+                "shared": shared, "mask": mask[rows][:, channels]}  # fmt: skip
+
+    def hidden_errors(self, x: torch.Tensor, base: torch.Tensor, plan: dict, err: torch.Tensor) -> None:
+        """Adds to `err (B, N, C)` the squared errors of windows `x (B, N, C)` restored under one
+        pass's mask (`pass_plan`), as `restore_under` restores them with less work: the interpolation
+        only on the channels the mask hides, the input projection as the shared `base` plus the hidden
+        channels' change, and the last block's queries, feed-forward and head only on the rows holding a
+        hidden value and the channels hidden (no other output is scored)."""
+        net, channels, rows = self.net, plan["channels"], plan["rows"]
+        values = x[..., channels]  # (B, N, c)
+        change = torch.einsum("cnm,bmc->bnc", plan["interpolation"], values) - values  # line - values
+        projection = net.input_proj.proj.weight[:, : x.shape[-1]]
+        h = base + change @ projection[:, channels].T + plan["shared"]  # (B, N, d)
+        *blocks, last = net.encoder.blocks
+        for block in blocks:
+            h, _ = block(h)
+        attention = last.self_attn
+        q, k, v = attention.split_heads(attention.qkv_proj(last.norm_self(h)), 3)  # (B, H, N, Dh)
+        out = h[:, rows] + last.dropout_attn(
+            attention.merge_heads(attention.attend(q[:, :, rows], k, v, None))
+        )
+        out = out + last.dropout(last.ffn(last.norm_ffn(out)))
+        head = net.head
+        correction = net.encoder.final_norm(out) @ head.weight[channels].T + head.bias[channels]  # (B, n, c)
+        squared = torch.where(plan["mask"], (correction + change[:, rows]) ** 2, 0.0)  # restored - x = both
+        if isinstance(rows, slice):
+            err[:, rows, channels] += squared
+        else:
+            err[:, rows.unsqueeze(1), channels] += squared
 
     def restore_under(self, windows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them.
