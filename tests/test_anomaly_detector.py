@@ -16,7 +16,7 @@ from tsformer.data.window_scores import causal_rows_of_windows, covering_window_
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.model_folder import ModelInfo
 from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold, drifting_threshold, events_of
-from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
+from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector, chosen_part
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config, fit_task
 
@@ -234,6 +234,24 @@ def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passe
         **sizes, context_len=8, horizon=0
     )  # a folder without the setting: one per channel
     assert len(old.scoring_masks()[1]) == 2 * 11
+
+
+def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and_keeps_it():
+    flat, tailed = np.ones((100, 2)), np.ones((100, 2))
+    tailed[:5] = 30.0  # 5 % of the normal rows far out: a heavy tail
+    assert chosen_part({"restoration": flat, "memory": tailed}) == "restoration"
+    assert chosen_part({"restoration": tailed**2, "memory": flat}) == "memory"
+    assert chosen_part({"restoration": flat**2, "memory": flat}) == "restoration"  # a tie: restoration
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 3, "d_known": 0, "d_observed": 0}
+    task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, score="auto", window_norm=False,
+                                 interpolate_hidden=True).eval()  # fmt: skip
+    assert task.parts == ("memory", "restoration")  # both, until the validation rows choose
+    rng = np.random.default_rng(0)
+    train, val = (pd.DataFrame(rng.normal(size=(n, 3)), columns=task.channels) for n in (60, 40))
+    task.prepare_scoring(train, val)
+    assert task.parts == (task.hparams.chosen_score,)
+    assert len(task.memory.keys) == (0 if task.hparams.chosen_score == "restoration" else 60 + 40 - 2 * 7)
+    assert task.score(val).parts == {}  # one part, as the chosen score alone
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------

@@ -102,6 +102,20 @@ class Scores:
         return [list(names[row]) for row in order]
 
 
+def chosen_part(parts: dict[str, np.ndarray]) -> str:
+    """`model.score=auto`'s choice between the memory and restoration from their row contributions
+    `(T, C)` on the validation rows (normal rows, no label): the part whose normal rows' scores are the
+    most concentrated, the smallest ratio of their 99th percentile to their median (restoration's
+    squared errors through their square root, on the footing of the memory's distances); restoration on a
+    tie. Fixed before any run (issue 49, point 7)."""
+    ratios = {}
+    for name in ("restoration", "memory"):
+        score = parts[name].sum(axis=1)
+        score = np.sqrt(score) if name == "restoration" else score
+        ratios[name] = np.quantile(score, 0.99) / max(float(np.median(score)), 1e-12)
+    return "memory" if ratios["memory"] < ratios["restoration"] else "restoration"
+
+
 def relative_floor(quantiles: np.ndarray, scored: np.ndarray) -> np.ndarray:
     """Error scales `(K, C)`: each kind's per-channel quantiles, at least `ERROR_FLOOR` times their
     median over the scored channels (1 where nothing is scored)."""
@@ -178,7 +192,8 @@ class AnomalyScoring:
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
         self.register_buffer("error_scale", torch.ones(self.n_kinds, C, dtype=torch.float64))  # (K, C)
-        self.register_buffer("part_median", torch.ones(len(self.parts), dtype=torch.float64))  # hybrid's
+        n_parts = len(HYBRID_PARTS) if score == "auto" else len(self.parts)
+        self.register_buffer("part_median", torch.ones(n_parts, dtype=torch.float64))  # hybrid's
         self.register_buffer("threshold", torch.tensor(float("inf"), dtype=torch.float64))
         self.val_scores = np.zeros(0)  # the validation rows' scores: what the threshold is calibrated on
 
@@ -199,6 +214,9 @@ class AnomalyScoring:
         table of states and constants is scored, never refused)."""
         if not self.is_scored.any() and "memory" in self.scores:
             return ("memory",)
+        if self.hparams.score == "auto":  # both until the validation rows choose one (`chosen_part`)
+            chosen = self.hparams.get("chosen_score")
+            return (chosen,) if chosen else HYBRID_PARTS
         return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
 
     @property
@@ -346,6 +364,9 @@ class AnomalyScoring:
         check_table(val, self.channels, max(self.window, self.window_length), "validation rows")
         self.calibrate_errors(val)
         parts = self.row_parts(val)
+        if self.hparams.score == "auto" and len(parts) > 1:  # the series' own choice, no label read
+            self.hparams.chosen_score = chosen_part(parts)
+            parts = {self.hparams.chosen_score: parts[self.hparams.chosen_score]}
         if len(parts) > 1:
             medians = [np.median(p.sum(axis=1)) for p in parts.values()]
             self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
@@ -440,7 +461,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     memory of normal windows on its encoder and the restoration of hidden values."""
 
     method = "masked"
-    scores = ("memory", "restoration", "hybrid")
+    scores = ("memory", "restoration", "hybrid", "auto")
 
     def __init__(
         self,
@@ -466,6 +487,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
+        chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -621,6 +643,10 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         val_scores = self.calibrate(val)
         if "memory" in self.parts:
             self.build_memory([train, val])
+        elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
+            C = self.hparams.d_target
+            self.memory.replace(self.memory.keys[:0], torch.zeros(0, C), self.memory.starts[:0])
+            self.hparams.memory_windows, self.hparams.memory_rows = 0, 0
         return val_scores
 
     # -- restoration ------------------------------------------------------------------------------
