@@ -236,7 +236,7 @@ def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passe
     assert len(old.scoring_masks()[1]) == 2 * 11
 
 
-def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and_keeps_it():
+def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and_keeps_it(monkeypatch):
     flat, tailed = np.ones((100, 2)), np.ones((100, 2))
     tailed[:5] = 30.0  # 5 % of the normal rows far out: a heavy tail
     assert chosen_part({"restoration": flat, "memory": tailed}) == "restoration"
@@ -248,10 +248,15 @@ def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and
     assert task.parts == ("memory", "restoration")  # both, until the validation rows choose
     rng = np.random.default_rng(0)
     train, val = (pd.DataFrame(rng.normal(size=(n, 3)), columns=task.channels) for n in (60, 40))
-    task.prepare_scoring(train, val)
-    assert task.parts == (task.hparams.chosen_score,)
-    assert len(task.memory.keys) == (0 if task.hparams.chosen_score == "restoration" else 60 + 40 - 2 * 7)
-    assert task.score(val).parts == {}  # one part, as the chosen score alone
+    for chosen in ("memory", "restoration"):  # what the rule chose, and each way the folder keeps it
+        monkeypatch.setattr("tsformer.tasks.anomaly.chosen_part", lambda parts, chosen=chosen: chosen)
+        task.hparams.chosen_score = None
+        task.prepare_scoring(train, val)
+        assert task.parts == (chosen,) and task.hparams.chosen_score == chosen
+        assert (
+            len(task.memory.keys) == task.hparams.memory_windows == (60 + 40 - 2 * 7) * (chosen == "memory")
+        )
+        assert task.score(val).parts == {}  # one part: the chosen score alone
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------

@@ -644,8 +644,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         if "memory" in self.parts:
             self.build_memory([train, val])
         elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
-            C = self.hparams.d_target
-            self.memory.replace(self.memory.keys[:0], torch.zeros(0, C), self.memory.starts[:0])
+            self.memory.replace(self.memory.keys[:0], self.memory.rows[:0], self.memory.starts[:0])
             self.hparams.memory_windows, self.hparams.memory_rows = 0, 0
         return val_scores
 
