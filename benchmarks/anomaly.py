@@ -172,8 +172,9 @@ class Detector:
                 cfg.data.name = "benchmark"
             with _quiet_lightning():
                 self.task = fit_task(cfg, source=table.reset_index(drop=True)).task
-        if self.task.hparams.get("chosen_score"):  # model.score=auto: what the validation rows chose
-            print(f"{self.name}: model.score=auto chose {self.task.hparams.chosen_score}", file=sys.stderr)
+        chosen = getattr(self.task, "hparams", {}).get("chosen_score")  # model.score=auto's choice
+        if chosen:
+            print(f"{self.name}: model.score=auto chose {chosen}", file=sys.stderr)
         return self
 
     def score(self, table: pd.DataFrame):
