@@ -172,6 +172,9 @@ class Detector:
                 cfg.data.name = "benchmark"
             with _quiet_lightning():
                 self.task = fit_task(cfg, source=table.reset_index(drop=True)).task
+        chosen = getattr(self.task, "hparams", {}).get("chosen_score")  # model.score=auto's choice
+        if chosen:
+            print(f"{self.name}: model.score=auto chose {chosen}", file=sys.stderr)
         return self
 
     def score(self, table: pd.DataFrame):

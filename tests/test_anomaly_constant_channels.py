@@ -61,6 +61,26 @@ def test_a_constant_channel_is_its_own_kind_not_a_state_and_enters_at_its_value(
     ).all()  # the network sees a constant at its train value; departures score apart
 
 
+def test_a_departure_of_one_unit_scores_as_the_validation_rows_99th_percentile_not_100_times_an_error():
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 3, "d_known": 0, "d_observed": 0}
+    task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, channel_groups=2, window_norm=False,
+                                 interpolate_hidden=True, constant_channels=["target_2"])  # fmt: skip
+    task.set_standardisation(np.array([0.0, 0.0, 3.0]), np.ones(3))  # the constant at 3.0
+    rng = np.random.default_rng(0)
+    val = pd.DataFrame(rng.normal(size=(64, 3)), columns=task.channels).assign(target_2=3.0)
+    val_scores = task.calibrate(val)
+    unit = np.quantile(val_scores, 0.99)
+    assert task.hparams.departure_scores == {"score": pytest.approx(unit)}
+    judged = val.copy()
+    judged.loc[20, "target_2"] = 3.0 - 2 * 3.0  # a departure of twice the constant's size
+    scores = task.score(judged)
+    added = scores.score - task.score(val).score
+    np.testing.assert_allclose(added, np.where(np.arange(64) == 20, 2 * unit, 0.0), rtol=1e-6, atol=1e-9)
+    assert scores.contributions[20, 2] == pytest.approx(2 * unit) and scores.score[20] < 3 * val_scores.max()
+    task.hparams.departure_unit, task.hparams.departure_scores = 0.01, None  # a folder written before
+    assert task.score(judged).score[20] - task.score(val).score[20] == pytest.approx(200.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["enc_only_anomaly", "dec_only_anomaly"])
 def test_a_departure_of_a_constant_channel_scores_in_every_score_kind(plant, tmp_path, model):

@@ -15,8 +15,9 @@ from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.model_folder import ModelInfo
+from tsformer.tasks import anomaly as anomaly_tasks
 from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold, drifting_threshold, events_of
-from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector
+from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector, chosen_part
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config, fit_task
 
@@ -205,7 +206,7 @@ def test_the_forecast_score_in_its_causal_form_never_reads_a_later_row(plant, tm
     assert (before.contributions[:, 4] == 0).all()  # the state channel is not forecast
 
 
-def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passes_as_restore_does():
+def test_scoring_restores_each_channel_half_once_in_channel_groups_passes_equal_by_every_path(monkeypatch):
     sizes = {
         "net": {"d_model": 8, "n_heads": 2, "n_layers": 1},
         "d_target": 11,
@@ -226,10 +227,41 @@ def test_scoring_restores_each_channel_half_once_in_at_most_channel_groups_passe
                 {"hist_target": x, "hist_known": empty, "hist_observed": empty}, mask.expand_as(x)
             )
             torch.testing.assert_close(task.restore_under(x, mask), expected, atol=1e-5, rtol=1e-5)
+        assert task.fast_path() and task.pass_plan(halves[0])["rows"] == slice(0, 4)  # a half: its rows
+        grouped = task.restoration_errors(x)  # 6 windows are few: several masks a network call
+        monkeypatch.setattr(anomaly_tasks, "CHUNK", 4)  # now a table's chunks of windows
+        fast = task.restoration_errors(x)  # the fast path: only the rows and channels each pass hides
+        task.fast_path = lambda: False
+        generic = task.restoration_errors(x)  # a call per mask, restore_under whole
+        np.testing.assert_allclose(fast, generic, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(grouped, generic, atol=1e-5, rtol=1e-4)
     old = MaskedAnomalyDetector(
         **sizes, context_len=8, horizon=0
     )  # a folder without the setting: one per channel
     assert len(old.scoring_masks()[1]) == 2 * 11
+
+
+def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and_keeps_it(monkeypatch):
+    flat, tailed = np.ones((100, 2)), np.ones((100, 2))
+    tailed[:5] = 30.0  # 5 % of the normal rows far out: a heavy tail
+    assert chosen_part({"restoration": flat, "memory": tailed}) == "restoration"
+    assert chosen_part({"restoration": tailed**2, "memory": flat}) == "memory"
+    assert chosen_part({"restoration": flat**2, "memory": flat}) == "restoration"  # a tie: restoration
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 3, "d_known": 0, "d_observed": 0}
+    task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, score="auto", window_norm=False,
+                                 interpolate_hidden=True).eval()  # fmt: skip
+    assert task.parts == ("memory", "restoration")  # both, until the validation rows choose
+    rng = np.random.default_rng(0)
+    train, val = (pd.DataFrame(rng.normal(size=(n, 3)), columns=task.channels) for n in (60, 40))
+    for chosen in ("memory", "restoration"):  # what the rule chose, and each way the folder keeps it
+        monkeypatch.setattr("tsformer.tasks.anomaly.chosen_part", lambda parts, chosen=chosen: chosen)
+        task.hparams.chosen_score = None
+        task.prepare_scoring(train, val)
+        assert task.parts == (chosen,) and task.hparams.chosen_score == chosen
+        assert (
+            len(task.memory.keys) == task.hparams.memory_windows == (60 + 40 - 2 * 7) * (chosen == "memory")
+        )
+        assert task.score(val).parts == {}  # one part: the chosen score alone
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------

@@ -64,13 +64,17 @@ from tsformer.data.window_scores import (
     rows_of_window_rows,
     rows_of_windows,
 )
+from tsformer.nn.attention import SelfAttention
+from tsformer.nn.embedding import InputProjection
 from tsformer.nn.masking import draw_mask, interpolate
+from tsformer.nn.patching import step_positions
 from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold
 from tsformer.tasks.forecasting import DecoderOnlyForecaster
 from tsformer.tasks.masked import SPLIT_SEED_OFFSET, MaskedFillIn
 
 ERROR_QUANTILE = 0.99  # a channel's error is measured in its validation rows' 99th percentile
-DEPARTURE_UNIT = 0.01  # a constant channel's departure of 1 % of its size (0.01 below 1) scores 1
+DEPARTURE_UNIT = 1.0  # a constant channel's departure of its size (1 below 1) is one unit ...
+DEPARTURE_QUANTILE = 0.99  # ... which scores as the validation rows' 99th percentile score (each part's)
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
 EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
@@ -96,6 +100,20 @@ class Scores:
         order = np.argsort(-self.contributions, axis=1)[:, :n]  # (T, n)
         names = np.asarray(self.channels)
         return [list(names[row]) for row in order]
+
+
+def chosen_part(parts: dict[str, np.ndarray]) -> str:
+    """`model.score=auto`'s choice between the memory and restoration from their row contributions
+    `(T, C)` on the validation rows (normal rows, no label): the part whose normal rows' scores are the
+    most concentrated, the smallest ratio of their 99th percentile to their median (restoration's
+    squared errors through their square root, on the footing of the memory's distances); restoration on a
+    tie. Fixed before any run (issue 49, point 7)."""
+    ratios = {}
+    for name in ("restoration", "memory"):
+        score = parts[name].sum(axis=1)
+        score = np.sqrt(score) if name == "restoration" else score
+        ratios[name] = np.quantile(score, 0.99) / max(float(np.median(score)), 1e-12)
+    return "memory" if ratios["memory"] < ratios["restoration"] else "restoration"
 
 
 def relative_floor(quantiles: np.ndarray, scored: np.ndarray) -> np.ndarray:
@@ -174,7 +192,8 @@ class AnomalyScoring:
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
         self.register_buffer("error_scale", torch.ones(self.n_kinds, C, dtype=torch.float64))  # (K, C)
-        self.register_buffer("part_median", torch.ones(len(self.parts), dtype=torch.float64))  # hybrid's
+        n_parts = len(HYBRID_PARTS) if score == "auto" else len(self.parts)
+        self.register_buffer("part_median", torch.ones(n_parts, dtype=torch.float64))  # hybrid's
         self.register_buffer("threshold", torch.tensor(float("inf"), dtype=torch.float64))
         self.val_scores = np.zeros(0)  # the validation rows' scores: what the threshold is calibrated on
 
@@ -195,6 +214,9 @@ class AnomalyScoring:
         table of states and constants is scored, never refused)."""
         if not self.is_scored.any() and "memory" in self.scores:
             return ("memory",)
+        if self.hparams.score == "auto":  # both until the validation rows choose one (`chosen_part`)
+            chosen = self.hparams.get("chosen_score")
+            return (chosen,) if chosen else HYBRID_PARTS
         return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
 
     @property
@@ -258,15 +280,23 @@ class AnomalyScoring:
             return table.astype(dtype, copy=False)
         return table[self.channels].to_numpy(dtype=dtype)
 
+    def departure_score(self, name: str) -> float:
+        """What one unit of departure adds to score `name` (`"score"`, or a hybrid's part): the
+        validation rows' `DEPARTURE_QUANTILE` of that score (`calibrate`), so a departure weighs as a
+        large error of the detector's own scale; 1 in a folder written before (issue 49's first rule:
+        a departure of `departure_unit` scored 1)."""
+        return float((self.hparams.get("departure_scores") or {}).get(name, 1.0))
+
     def with_departures(self, scores: Scores, table: pd.DataFrame) -> Scores:
         """`scores` with the constant channels' departures added to the row score, to their channels'
-        contributions and to each part's score (every score kind sees them)."""
+        contributions and to each part's score (every score kind sees them, each on its own scale)."""
         if not self.is_constant.any():
             return scores
         away = self.departures(table)  # (T, C)
         total = away.sum(axis=1)
-        parts = {name: part + total for name, part in scores.parts.items()}
-        return Scores(scores.score + total, scores.contributions + away, scores.channels, parts)
+        parts = {name: part + total * self.departure_score(name) for name, part in scores.parts.items()}
+        unit = self.departure_score("score")
+        return Scores(scores.score + total * unit, scores.contributions + away * unit, scores.channels, parts)
 
     # -- scoring ----------------------------------------------------------------------------------
 
@@ -342,10 +372,21 @@ class AnomalyScoring:
         check_table(val, self.channels, max(self.window, self.window_length), "validation rows")
         self.calibrate_errors(val)
         parts = self.row_parts(val)
+        if self.hparams.score == "auto" and len(parts) > 1:  # the series' own choice, no label read
+            self.hparams.chosen_score = chosen_part(parts)
+            parts = {self.hparams.chosen_score: parts[self.hparams.chosen_score]}
         if len(parts) > 1:
             medians = [np.median(p.sum(axis=1)) for p in parts.values()]
             self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
-        self.val_scores = self.with_departures(self.combined(parts), val).score
+        combined = self.combined(parts)
+        # a departure's unit: each score's 99th percentile on these normal rows (constants do not depart
+        # in them), measured before the departures are added
+        scores = {"score": combined.score, **combined.parts}
+        self.hparams.departure_scores = {
+            name: max(float(np.quantile(values, DEPARTURE_QUANTILE)), 1e-12)
+            for name, values in scores.items()
+        }
+        self.val_scores = self.with_departures(combined, val).score
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
         confidence = self.hparams.get("threshold_confidence")
@@ -428,7 +469,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     memory of normal windows on its encoder and the restoration of hidden values."""
 
     method = "masked"
-    scores = ("memory", "restoration", "hybrid")
+    scores = ("memory", "restoration", "hybrid", "auto")
 
     def __init__(
         self,
@@ -453,6 +494,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
+        chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
@@ -608,6 +651,9 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         val_scores = self.calibrate(val)
         if "memory" in self.parts:
             self.build_memory([train, val])
+        elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
+            self.memory.replace(self.memory.keys[:0], self.memory.rows[:0], self.memory.starts[:0])
+            self.hparams.memory_windows, self.hparams.memory_rows = 0, 0
         return val_scores
 
     # -- restoration ------------------------------------------------------------------------------
@@ -648,25 +694,103 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         return [[m.to(self.device) for m in kind if m.any()] for kind in kinds]
 
     def restoration_errors(self, windows: torch.Tensor) -> np.ndarray:
-        """`(K, W, N, C)` squared errors of each value restored while hidden, per kind of mask (0 on
-        state channels, never hidden). Windows under several masks share a network call up to `CHUNK`
-        windows in all: a whole table's chunk takes a call per mask, a stream's few new windows one call
-        for every mask (15 calls of one window each cost 10x one call of 15)."""
+        """`(K, W, N, C)` float32 squared errors of each value restored while hidden, per kind of mask (0
+        on state channels, never hidden). A table's chunks of windows: with the recipe's network
+        (`fast_path`) each pass computes only what its hidden values need (`hidden_errors`), otherwise
+        `restore_under` whole, a call per mask. Fewer than `CHUNK / 2` windows (a stream's new ones)
+        share one call for several masks, up to `CHUNK` windows in all (15 calls of one window each cost
+        10x one call of 15)."""
         kinds = self.scoring_masks()
-        masks = [(k, mask) for k, kind in enumerate(kinds) for mask in kind]
         err = torch.zeros(len(kinds), *windows.shape, device=windows.device)
-        for a in range(0, len(windows), CHUNK):
-            x = windows[a : a + CHUNK]
-            per_call = max(1, CHUNK // len(x))
+        per_call = CHUNK // max(1, len(windows))
+        if per_call > 1:  # a few windows: several masks a call
+            masks = [(k, mask) for k, kind in enumerate(kinds) for mask in kind]
             for b in range(0, len(masks), per_call):
                 group = masks[b : b + per_call]
                 hidden = torch.stack([mask for _, mask in group])  # (G, N, C)
-                restored = self.restore_under(x, hidden)  # (G, B, N, C)
-                squared = torch.where(hidden.unsqueeze(1), (restored - x) ** 2, 0.0)
+                restored = self.restore_under(windows, hidden)  # (G, B, N, C)
+                squared = torch.where(hidden.unsqueeze(1), (restored - windows) ** 2, 0.0)
                 kind = torch.tensor([k for k, _ in group])
                 for k in kind.unique().tolist():  # a kind's masks never hide one value twice: sums exact
-                    err[k, a : a + CHUNK] += squared[kind == k].sum(0)
-        return err.double().cpu().numpy()
+                    err[k] += squared[kind == k].sum(0)
+            return err.cpu().numpy()
+        fast = self.fast_path()
+        if fast:
+            plans = [[self.pass_plan(mask) for mask in kind] for kind in kinds]
+            projection = self.net.input_proj.proj.weight[:, : windows.shape[-1]]  # the values' share (d, C)
+        for a in range(0, len(windows), CHUNK):
+            x = windows[a : a + CHUNK]
+            if fast:
+                base = x @ projection.T  # (B, N, d): the values' projection, shared by every pass
+                for k, kind in enumerate(plans):
+                    for plan in kind:
+                        self.hidden_errors(x, base, plan, err[k, a : a + CHUNK])
+                continue
+            for k, kind in enumerate(kinds):
+                for mask in kind:
+                    err[k, a : a + CHUNK] += torch.where(mask, (self.restore_under(x, mask) - x) ** 2, 0.0)
+        return err.cpu().numpy()  # float32: scaled in float64 (`scaled_errors`), as the values are exact
+
+    def fast_path(self) -> bool:
+        """Whether the network is the recipe's kind (one linear input projection, additive positions,
+        pre-norm self-attention blocks without RoPE, a relative bias or residual scores, the per-step
+        point head, interpolated hidden values, no window norm): `hidden_errors` then gives the errors
+        of `restore_under` for less work."""
+        net, hp = self.net, self.hparams
+        blocks = list(net.encoder.blocks)
+        return bool(
+            hp.interpolate_hidden and not hp.window_norm and self.head.kind == "point"
+            and isinstance(net.input_proj, InputProjection) and net.input_proj.d_in == 2 * hp.d_target
+            and net.patching is None and not net.conv and not net.use_cls and net.linear_skip is None
+            and net.cfg.head == "per_step" and net.encoder.relative_bias is None
+            and not net.encoder.residual_attention and not net.encoder.causal and blocks
+            and all(b.pre_norm and b.cross_attn is None and isinstance(b.self_attn, SelfAttention)
+                    and b.self_attn.rope is None for b in blocks)
+        )  # fmt: skip
+
+    def pass_plan(self, mask: torch.Tensor) -> dict:
+        """What one scoring pass under `mask (N, C)` needs, the same for every window: the channels it
+        hides (`channels`, indices), the rows that hold a hidden value (`rows`: a slice when they are
+        one run, else indices), their interpolation matrices `(c, N, N)`, the hidden flags' and the
+        positions' share of the input projection `(1, N, d)`, and the mask on those rows and channels."""
+        N, C = mask.shape
+        channels = torch.nonzero(mask.any(0)).flatten()
+        held = torch.nonzero(mask.any(1)).flatten()
+        lo, hi = int(held[0]), int(held[-1]) + 1
+        rows = slice(lo, hi) if hi - lo == len(held) else held
+        proj = self.net.input_proj.proj
+        flags = mask.to(proj.weight.dtype) @ proj.weight[:, C:].T + proj.bias  # (N, d)
+        shared = self.net.positional(flags.unsqueeze(0), step_positions(None, N, device=mask.device))
+        return {"channels": channels, "rows": rows, "interpolation": self.interpolation(mask)[channels],
+                "shared": shared, "mask": mask[rows][:, channels]}  # fmt: skip
+
+    def hidden_errors(self, x: torch.Tensor, base: torch.Tensor, plan: dict, err: torch.Tensor) -> None:
+        """Adds to `err (B, N, C)` the squared errors of windows `x (B, N, C)` restored under one
+        pass's mask (`pass_plan`), as `restore_under` restores them with less work: the interpolation
+        only on the channels the mask hides, the input projection as the shared `base` plus the hidden
+        channels' change, and the last block's queries, feed-forward and head only on the rows holding a
+        hidden value and the channels hidden (no other output is scored)."""
+        net, channels, rows = self.net, plan["channels"], plan["rows"]
+        values = x[..., channels]  # (B, N, c)
+        change = torch.einsum("cnm,bmc->bnc", plan["interpolation"], values) - values  # line - values
+        projection = net.input_proj.proj.weight[:, : x.shape[-1]]
+        h = base + change @ projection[:, channels].T + plan["shared"]  # (B, N, d)
+        *blocks, last = net.encoder.blocks
+        for block in blocks:
+            h, _ = block(h)
+        attention = last.self_attn
+        q, k, v = attention.split_heads(attention.qkv_proj(last.norm_self(h)), 3)  # (B, H, N, Dh)
+        out = h[:, rows] + last.dropout_attn(
+            attention.merge_heads(attention.attend(q[:, :, rows], k, v, None))
+        )
+        out = out + last.dropout(last.ffn(last.norm_ffn(out)))
+        head = net.head
+        correction = net.encoder.final_norm(out) @ head.weight[channels].T + head.bias[channels]  # (B, n, c)
+        squared = torch.where(plan["mask"], (correction + change[:, rows]) ** 2, 0.0)  # restored - x = both
+        if isinstance(rows, slice):
+            err[:, rows, channels] += squared
+        else:
+            err[:, rows.unsqueeze(1), channels] += squared
 
     def restore_under(self, windows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`restore` of windows `(B, N, C)` with the values of `mask (N, C)` hidden in every one of them;
@@ -754,6 +878,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",
         head: dict | None = None,
