@@ -18,8 +18,10 @@ import contextlib
 import io
 import json
 import logging
+import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -342,6 +344,19 @@ def wait_listening(server: subprocess.Popen, port: int, seconds: float) -> None:
                 return
         except OSError:
             time.sleep(0.2)
+
+
+def stop_process_group(process: subprocess.Popen, seconds: float = 30) -> None:
+    """SIGTERM to a process started with `start_new_session=True` and every process it started (a
+    server's workers), SIGKILL after `seconds`."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def serve_one_request(

@@ -7,7 +7,6 @@ process, /metrics the answering process's own)."""
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import socket
@@ -23,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
-from contract import BARE, free_port, json_round_trip, post, wait_listening
+from contract import BARE, free_port, json_round_trip, post, stop_process_group, wait_listening
 from tsformer.serving.predictor import Predictor
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -146,10 +145,4 @@ def test_two_worker_processes_answer_the_model_and_each_reports_its_own_metrics(
         assert samples["tsformer_process"].labels["pid"] in workers  # a worker's, not the supervisor's
         assert "tsformer_model_load_seconds" in samples and "tsformer_requests_total" in samples
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import filecmp
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, TINY
+from contract import stop_process_group
 from tsformer import predict
 from tsformer.data import simulate_plant
 from tsformer.tracking import TrackingServerUnreachable
@@ -76,12 +76,7 @@ def tracking_server(tmp_path):
         wait_until_healthy(uri, server, log_path)
         yield uri, folder / "artifacts"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the CLI and the uvicorn worker it started
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_process_group(server)  # the CLI and the uvicorn worker it started
 
 
 @pytest.mark.slow
