@@ -23,8 +23,10 @@ on rows A:B of each of its series declared normal (`predict.py --normal-rows A:B
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -126,7 +128,7 @@ def judged(rows, events, rate: float, reach: int) -> dict:
             "delays": [d for d in delays["delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
-def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
+def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str | None = None) -> dict:
     """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model)."""
     with tempfile.TemporaryDirectory() as folder:
         cfg = compose_config(["experiment=plant_anomaly", "logger=none", f"seed={seed}", f"data.source.seed={seed}",
@@ -135,6 +137,8 @@ def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
         result = run(cfg)
         seconds = time.perf_counter() - start
         model = AnomalyModel.load(result.model_folder)
+        if keep:  # the model folder kept for later work on its normal rows (benchmarks/plant_event_rule.py)
+            shutil.copytree(result.model_folder, Path(keep) / f"seed{seed}", dirs_exist_ok=True)
     rows, events = result.forecasts, result.outputs.details["events"]
     print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
     reach = int(cfg.model.context_len)
@@ -193,8 +197,9 @@ def main() -> None:
     parser.add_argument(
         "--new-plant", metavar="A:B", help="also judge the README's new plant, recalibrated on rows A:B"
     )
+    parser.add_argument("--keep", metavar="DIR", help="copy each seed's model folder to DIR/seed<S>")
     args = parser.parse_args()
-    results = [one_seed(seed, args.set, args.new_plant) for seed in args.seeds]
+    results = [one_seed(seed, args.set, args.new_plant, args.keep) for seed in args.seeds]
     scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
     mean = {k: np.mean([r[k] for r in results]) for k in scalar}
     delays = [d for r in results for d in r["delays"]]
