@@ -51,9 +51,7 @@ def page_delay(rule: EventRule) -> int:
 def normal_period(seed: int):
     """Every series' rows before `TRAIN_END` of the plant of `seed` (labels checked to be 0, then dropped)."""
     table = simulate_plant_anomaly(n_steps=5000, test_fraction=0.3, seed=seed)
-    keep = np.concatenate(
-        [rows[: round(TRAIN_END * len(rows))] for rows in series_rows(table).values()]
-    )
+    keep = np.concatenate([rows[: round(TRAIN_END * len(rows))] for rows in series_rows(table).values()])
     normal = table.iloc[np.sort(keep)].reset_index(drop=True)
     if normal["label"].any():
         raise SystemExit("a labelled row lies in the normal period: the rule reads normal rows only")
@@ -61,7 +59,9 @@ def normal_period(seed: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("models", help="the folder of plant_anomaly.py --keep (seed<S> model folders)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
@@ -84,7 +84,9 @@ def main() -> None:
         count = sum(int(events_of(o > 1.0, rule, o).max()) + 1 for per in over.values() for o in per)
         counted.append((count, page_delay(rule), gap, 1.0 - release, md, rule))
     counted.sort(key=lambda c: c[:5])
-    print(f"{len(counted)} candidates within the page-delay budget; normal rows judged: {days:.1f} plant-days")
+    print(
+        f"{len(counted)} candidates within the page-delay budget; normal rows judged: {days:.1f} plant-days"
+    )
     for count, delay, *_, rule in counted[:12]:
         print(f"  events {count:3d} ({count / days:.2f} per plant-day)  page delay {delay}  {rule}")
     base = next(c for c in counted if c[-1] == EventRule(merge_gap=32))
