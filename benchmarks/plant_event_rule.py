@@ -20,6 +20,11 @@ The selection rule, fixed before any candidate was counted:
   the smaller page delay, then the shorter cool-down, then the release nearer 1 (the least change),
   then the smaller min_duration. Each seed's model judges only its own plant.
 
+`--drift`: the drifting threshold's setting for the far-from-faults attempt, chosen on the same normal
+rows by a rule fixed before its count: `delay` 500 rows (the guard: longer than the plant's 400-row
+drift fault) and `max_factor` 4 kept; `level` median or tail, `span` 100 or 300; the lowest alarm rate
+on the normal-period rows summed over the seeds, ties to the median, then to span 300 (the default).
+
 The tuning data's normal rows (MSL and SKAB tuning) are not read: not run in this session (time).
 """
 
@@ -34,7 +39,7 @@ import numpy as np
 from tsformer.data.anomaly import series_rows
 from tsformer.data.plant_anomaly import simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
-from tsformer.tasks.alarms import EventRule, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
 
 MIN_DURATION = (1, 2, 3, 5, 8)
 K_OF_N = ((1, 1), (2, 3), (3, 5), (4, 8))
@@ -58,12 +63,40 @@ def normal_period(seed: int):
     return normal.drop(columns="label")
 
 
+def drift_choice(models: str, seeds: list[int], over: dict) -> None:
+    """The drifting threshold's level and span chosen on the normal rows (`over`: score over threshold)."""
+    counted = []
+    for level, span in itertools.product(("median", "tail"), (100, 300)):
+        rule = DriftRule(span=span, delay=500, max_factor=4.0, level=level)
+        alarms = rows = 0
+        for seed in seeds:
+            hp = AnomalyModel.load(Path(models) / f"seed{seed}").detector.hparams
+            for o in over[seed]:  # score / threshold: the drift factor scales the threshold of 1
+                alarms += int(
+                    (
+                        o
+                        > drifting_threshold(
+                            o, 1.0, hp[f"val_score_{level}"] / hp_threshold(models, seed), rule
+                        )
+                    ).sum()
+                )
+                rows += len(o)
+        counted.append((alarms / rows, level != "median", span != 300, rule))
+        print(f"  {rule}: normal-period alarm rate {alarms / rows:.4f}")
+    print(f"chosen: {min(counted, key=lambda c: c[:3])[-1]}")
+
+
+def hp_threshold(models: str, seed: int) -> float:
+    return AnomalyModel.load(Path(models) / f"seed{seed}").threshold
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("models", help="the folder of plant_anomaly.py --keep (seed<S> model folders)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--drift", action="store_true", help="choose the drifting threshold's level and span")
     args = parser.parse_args()
     over, days = {}, 0.0
     for seed in args.seeds:
@@ -76,6 +109,9 @@ def main() -> None:
         val = np.concatenate([o[round(0.8 * len(o)) :] for o in over[seed]])
         print(f"seed {seed}: normal period {len(rows)} rows, alarm rate {float((rows['alarm'] > 0).mean()):.4f} "
               f"(the validation rows' {float((val > 1).mean()):.4f}), events under the model's rule {len(events)}")  # fmt: skip
+    if args.drift:
+        drift_choice(args.models, args.seeds, over)
+        return
     counted = []
     for md, (k, n), release, gap in itertools.product(MIN_DURATION, K_OF_N, RELEASE, MERGE_GAP):
         rule = EventRule(k=k, n=n, merge_gap=gap, min_duration=md, release=release)
