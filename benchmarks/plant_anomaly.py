@@ -23,8 +23,10 @@ on rows A:B of each of its series declared normal (`predict.py --normal-rows A:B
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -81,13 +83,24 @@ def under_rule(rows, rule: EventRule, threshold: np.ndarray | None = None) -> di
             "normal_rate": float((over > 1.0)[normal].mean()), "far_rate": float((over > 1.0)[far].mean())}  # fmt: skip
 
 
-def drift_thresholds(rows, model: AnomalyModel, rule: DriftRule) -> np.ndarray:
-    """`(T,)` the thresholds `model.threshold_drift=rule` gives `rows`' scores (the same run's scores)."""
-    median = model.detector.hparams.val_score_median
-    out = np.zeros(len(rows))
+def drift_thresholds(rows, model: AnomalyModel, rule: DriftRule | None) -> np.ndarray:
+    """`(T,)` the thresholds `model.threshold_drift=rule` gives `rows`' scores (the same run's scores);
+    `rule` None: the one calibrated threshold."""
+    out = np.full(len(rows), model.threshold)
+    if rule is None:
+        return out
+    level = model.detector.hparams[f"val_score_{rule.level}"]
     for at in series_rows(rows).values():
-        out[at] = drifting_threshold(rows["score"].to_numpy()[at], model.threshold, median, rule)
+        out[at] = drifting_threshold(rows["score"].to_numpy()[at], model.threshold, level, rule)
     return out
+
+
+def other_threshold(cfg) -> tuple[DriftRule | None, str]:
+    """The threshold the same scores are judged with beside the run's: the drifting one (its default
+    rule) when the run has one threshold, the one calibrated threshold when the run's drifts."""
+    if cfg.model.get("threshold_drift"):
+        return None, "one threshold (no drift)"
+    return DriftRule(), f"model.threshold_drift={DriftRule()}"
 
 
 def judged(rows, events, rate: float, reach: int) -> dict:
@@ -126,7 +139,7 @@ def judged(rows, events, rate: float, reach: int) -> dict:
             "delays": [d for d in delays["delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
-def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
+def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str | None = None) -> dict:
     """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model)."""
     with tempfile.TemporaryDirectory() as folder:
         cfg = compose_config(["experiment=plant_anomaly", "logger=none", f"seed={seed}", f"data.source.seed={seed}",
@@ -135,18 +148,18 @@ def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
         result = run(cfg)
         seconds = time.perf_counter() - start
         model = AnomalyModel.load(result.model_folder)
+        if keep:  # the model folder kept for later work on its normal rows (benchmarks/plant_event_rule.py)
+            shutil.copytree(result.model_folder, Path(keep) / f"seed{seed}", dirs_exist_ok=True)
     rows, events = result.forecasts, result.outputs.details["events"]
     print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
     reach = int(cfg.model.context_len)
     figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach)
-    if not cfg.model.get("threshold_drift"):  # the same scores with the drifting threshold (the default rule)
-        drift = under_rule(
-            rows, EventRule(**model.detector.event_rule), drift_thresholds(rows, model, DriftRule())
-        )
-        print(f"  with model.threshold_drift={DriftRule()} (the same scores): normal rows' alarm rate "
-              f"{drift['normal_rate']:.4f}, far from faults {drift['far_rate']:.4f}, false events "
-              f"{drift['false_events']:.0f}, faults found {drift['found']:.0f}")  # fmt: skip
-        figures |= {f"drift_{k}": v for k, v in drift.items()}
+    other, other_name = other_threshold(cfg)  # the same scores with the other threshold
+    drift = under_rule(rows, EventRule(**model.detector.event_rule), drift_thresholds(rows, model, other))
+    print(f"  with {other_name} (the same scores): normal rows' alarm rate "
+          f"{drift['normal_rate']:.4f}, far from faults {drift['far_rate']:.4f}, false events "
+          f"{drift['false_events']:.0f}, faults found {drift['found']:.0f}")  # fmt: skip
+    figures |= {f"drift_{k}": v for k, v in drift.items()}
     if new_plant:
         table = simulate_plant_anomaly(
             **{k: v for k, v in cfg.data.source.items() if k != "_target_"} | {"seed": 1}
@@ -176,9 +189,9 @@ def one_seed(seed: int, overrides: list[str], new_plant: str | None) -> dict:
             drift = under_rule(
                 answered,
                 EventRule(**model.detector.event_rule),
-                drift_thresholds(answered, judge, DriftRule()),
+                drift_thresholds(answered, judge, other),
             )
-            print(f"    with the drifting threshold (the same scores): normal rows' alarm rate {drift['normal_rate']:.4f}, "
+            print(f"    with {other_name} (the same scores): normal rows' alarm rate {drift['normal_rate']:.4f}, "
                   f"false events {drift['false_events']:.0f}, faults found {drift['found']:.0f}")  # fmt: skip
             figures[f"new_plant_{which}"] |= {f"drift_{k}": v for k, v in drift.items()}
     return figures
@@ -193,8 +206,9 @@ def main() -> None:
     parser.add_argument(
         "--new-plant", metavar="A:B", help="also judge the README's new plant, recalibrated on rows A:B"
     )
+    parser.add_argument("--keep", metavar="DIR", help="copy each seed's model folder to DIR/seed<S>")
     args = parser.parse_args()
-    results = [one_seed(seed, args.set, args.new_plant) for seed in args.seeds]
+    results = [one_seed(seed, args.set, args.new_plant, args.keep) for seed in args.seeds]
     scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
     mean = {k: np.mean([r[k] for r in results]) for k in scalar}
     delays = [d for r in results for d in r["delays"]]
@@ -211,7 +225,8 @@ def main() -> None:
     )
     if "drift_normal_rate" in results[0]:
         print(
-            f"with the drifting threshold (the same scores): normal rows' alarm rate {mean['drift_normal_rate']:.4f} "
+            f"with {other_threshold(compose_config(['experiment=plant_anomaly', *args.set], tempfile.gettempdir()))[1]} "
+            f"(the same scores): normal rows' alarm rate {mean['drift_normal_rate']:.4f} "
             f"(far from faults {mean['drift_far_rate']:.4f}), false events "
             f"{sum(r['drift_false_events'] for r in results):.0f}, faults found {sum(r['drift_found'] for r in results):.0f}"
         )
@@ -223,7 +238,7 @@ def main() -> None:
                 f"the new plant, {which}: normal rows' alarm rate "
                 + " / ".join(f"{n['normal_rate']:.4f}" for n in new)
                 + f" (seeds {' '.join(map(str, args.seeds))}); faults found {sum(n['found'] for n in new)}/"
-                f"{len(FAULTS) * len(new)}; false events {sum(n['false_events'] for n in new):.0f}; with the drifting "
+                f"{len(FAULTS) * len(new)}; false events {sum(n['false_events'] for n in new):.0f}; with the other "
                 "threshold: "
                 + " / ".join(f"{n['drift_normal_rate']:.4f}" for n in new)
                 + f", faults found {sum(n['drift_found'] for n in new):.0f}, false events "

@@ -178,6 +178,16 @@ def test_the_judged_rows_carry_the_threshold_that_follows_drift_when_asked(hybri
                                   DriftRule(span=50, delay=100))  # fmt: skip
     np.testing.assert_allclose(drifting["threshold"], expected)
     assert (drifting["alarm"] == (drifting["score"] > drifting["threshold"])).all()
+    # level tail: over the validation rows' 95th percentile, kept by `calibrate`
+    assert hybrid.hparams.val_score_tail > hybrid.hparams.val_score_median
+    hybrid.hparams.threshold_drift = {"span": 50, "delay": 100, "max_factor": 4.0, "level": "tail"}
+    try:
+        tail = model.judge(table)[0]
+    finally:
+        hybrid.hparams.threshold_drift = None
+    expected = drifting_threshold(fixed["score"].to_numpy(), float(hybrid.threshold), hybrid.hparams.val_score_tail,
+                                  DriftRule(span=50, delay=100, level="tail"))  # fmt: skip
+    np.testing.assert_allclose(tail["threshold"], expected)
 
 
 @pytest.mark.slow
@@ -309,6 +319,28 @@ def test_a_drifting_threshold_follows_slow_drift_but_not_a_drift_fault_nor_the_r
     assert (fault[3200:3400] > with_fault[3200:3400]).mean() > 0.9  # so the fault stays alarmed
     with pytest.raises(ValueError, match="span=0 >= 1"):
         DriftRule(span=0)
+
+
+def test_a_drifting_threshold_at_the_tail_level_follows_a_widening_tail_and_keeps_its_guard():
+    rng = np.random.default_rng(0)
+    T, median, tail = 4000, float(np.log(2.0)), float(-np.log(0.05))  # the exponential's, and its 95 %
+    x = rng.exponential(1.0, T)
+    drifting = np.where(x > median, median + (x - median) * np.linspace(1.0, 2.5, T), x)  # its tail widens
+    base = -np.log(0.001)  # calibrated on undrifted rows
+    fixed = (drifting > base).mean()
+    by_median = drifting_threshold(drifting, base, median, DriftRule(span=100, delay=500, level="median"))
+    rule = DriftRule(span=100, delay=500, level="tail")
+    followed = drifting_threshold(drifting, base, tail, rule)
+    assert followed[:600].tolist() == [base] * 600  # nothing yet lies delay + span rows back
+    assert followed[1000] == pytest.approx(base * max(1.0, np.quantile(drifting[400:500], 0.95) / tail))
+    assert (drifting > followed).mean() < min(fixed / 3, (drifting > by_median).mean() / 2)
+    fault = drifting.copy()
+    fault[3000:3400] += np.linspace(0, 12 * base, 400)  # a drift fault growing over 400 rows < delay
+    with_fault = drifting_threshold(fault, base, tail, rule)
+    np.testing.assert_array_equal(with_fault[:3500], followed[:3500])  # its own rows never raise it
+    assert (fault[3200:3400] > with_fault[3200:3400]).mean() > 0.9
+    with pytest.raises(ValueError, match="level='top' is one of median, tail"):
+        DriftRule(level="top")
 
 
 def test_threshold_from_the_pareto_tail_matches_a_known_distribution():

@@ -28,6 +28,7 @@ from scipy import stats
 from tsformer.settings import SettingError
 
 TAIL_FRACTION = 0.05  # the peaks over this upper share of the validation scores fit the Pareto tail
+LEVELS = {"median": 0.5, "tail": 1.0 - TAIL_FRACTION}  # a drifting threshold's level: a quantile of scores
 
 
 def calibrate_threshold(
@@ -140,17 +141,21 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
 @dataclass
 class DriftRule:
     """A threshold that follows slow drift (`model.threshold_drift`): at each row, the base threshold
-    times the drift factor, the median score of the `span` rows that ended `delay` rows before it over
-    the validation rows' median score, at least 1 and at most `max_factor`.
+    times the drift factor, the `level` of the scores of the `span` rows that ended `delay` rows before
+    it over the validation rows' same level, at least 1 and at most `max_factor`. `level`: `median`, or
+    `tail`, their (1 - TAIL_FRACTION) quantile, where the tail the threshold is read from begins (a
+    drift that widens the scores' tail more than their middle moves it where the median does not).
 
     The guard: a row's threshold reads no row of the last `delay` rows, so a fault that grows over
     fewer rows than `delay` (a slow drift fault) is judged against the level from before it began and
-    cannot raise its own threshold; the median needs more than half the `span` rows raised to move, and
-    `max_factor` caps how far any drift may carry the threshold."""
+    cannot raise its own threshold; the median needs more than half the `span` rows raised to move (the
+    tail more than TAIL_FRACTION of them), and `max_factor` caps how far any drift may carry the
+    threshold."""
 
     span: int = 300
     delay: int = 500
     max_factor: float = 4.0
+    level: str = "median"
 
     def __post_init__(self):
         if self.span < 1 or self.delay < 0 or self.max_factor < 1.0:
@@ -158,21 +163,25 @@ class DriftRule:
                 f"anomaly.threshold_drift: span={self.span} >= 1, delay={self.delay} >= 0 and "
                 f"max_factor={self.max_factor} >= 1 are needed"
             )
+        if self.level not in LEVELS:
+            raise SettingError(f"anomaly.threshold_drift: level={self.level!r} is one of {', '.join(LEVELS)}")
+
+    def of(self, scores: np.ndarray, axis: int | None = None) -> np.ndarray:
+        """The rule's level of `scores` (along `axis`)."""
+        return np.quantile(scores, LEVELS[self.level], axis=axis)
 
 
-def drifting_threshold(
-    scores: np.ndarray, threshold: float, val_median: float, rule: DriftRule
-) -> np.ndarray:
+def drifting_threshold(scores: np.ndarray, threshold: float, val_level: float, rule: DriftRule) -> np.ndarray:
     """`(T,)` the threshold at each row of one series' `scores (T,)` (`DriftRule`); the base `threshold`
-    where fewer than `span` rows lie `delay` rows back."""
+    where fewer than `span` rows lie `delay` rows back. `val_level`: the validation scores' `rule.level`."""
     scores = np.asarray(scores, dtype=float)
     out = np.full(len(scores), float(threshold))
     ends = np.arange(len(scores)) - rule.delay  # the reference rows end (excluded) here
     ready = np.flatnonzero(ends >= rule.span)
-    if len(ready) == 0 or not val_median > 0:
+    if len(ready) == 0 or not val_level > 0:
         return out
     windows = np.lib.stride_tricks.sliding_window_view(scores, rule.span)  # (T - span + 1, span)
-    medians = np.median(windows, axis=1)  # medians[i]: rows i .. i + span - 1
-    factor = np.clip(medians[ends[ready] - rule.span] / val_median, 1.0, rule.max_factor)
+    levels = rule.of(windows, axis=1)  # levels[i]: of rows i .. i + span - 1
+    factor = np.clip(levels[ends[ready] - rule.span] / val_level, 1.0, rule.max_factor)
     out[ready] = threshold * factor
     return out

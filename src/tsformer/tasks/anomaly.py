@@ -393,9 +393,9 @@ class AnomalyScoring:
         rate = float(self.hparams.false_alarm_rate)
         block = min(self.window_length, len(self.val_scores))
         self.threshold.fill_(calibrate_threshold(self.val_scores, rate, confidence=confidence, block=block))
-        self.hparams.val_score_median = float(
-            np.median(self.val_scores)
-        )  # what a drifting threshold scales by
+        # what a drifting threshold scales by (its `level`: the median, or the tail)
+        self.hparams.val_score_median = float(np.median(self.val_scores))
+        self.hparams.val_score_tail = float(DriftRule(level="tail").of(self.val_scores))
         return self.val_scores
 
     def scaled_errors(self, raw: np.ndarray) -> np.ndarray:
@@ -494,6 +494,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
         events: dict | None = None,
@@ -878,6 +879,7 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
         val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,
         monitor: str = "val/loss",

@@ -111,11 +111,15 @@ class AnomalyModel:
         follows slow drift, series by series (`tasks.alarms.drifting_threshold`)."""
         out = np.full(len(score), self.threshold)
         hp = self.detector.hparams
-        drift, median = hp.get("threshold_drift"), hp.get("val_score_median")
-        if not drift or median is None:
+        drift = hp.get("threshold_drift")
+        if not drift:
+            return out
+        rule = DriftRule(**drift)
+        level = hp.get(f"val_score_{rule.level}")
+        if level is None:  # a model folder from before the level was kept
             return out
         for rows in series_rows(table).values():
-            out[rows] = drifting_threshold(score[rows], self.threshold, median, DriftRule(**drift))
+            out[rows] = drifting_threshold(score[rows], self.threshold, level, rule)
         return out
 
     def events_table(self, rows: pd.DataFrame, event: np.ndarray, scores: Scores) -> pd.DataFrame:

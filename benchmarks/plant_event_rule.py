@@ -1,0 +1,124 @@
+"""The event rule's defaults (issue 49 point 5), chosen on normal rows only: the rule, then the choice.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_anomaly.py --seeds 0 1 2 --keep /tmp/plant_models
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_event_rule.py /tmp/plant_models
+
+The selection rule, fixed before any candidate was counted:
+
+- Rows: each seed's model (`experiment=plant_anomaly seed=S data.source.seed=S`, kept by
+  `plant_anomaly.py --keep`) judges its own plant's normal period, the rows before `data.train_end`
+  (every series' first 70 %: the training and the held-out validation rows), as predict.py judges a
+  table, with the model's calibrated threshold. No judged row, no fault and no label is read (the script
+  stops if a row it reads is labelled).
+- Candidates: `min_duration` in 1, 2, 3, 5, 8 rows; `k` of `n` in 1/1, 2/3, 3/5, 4/8; `release` in 1.0,
+  0.9, 0.7, 0.5; `merge_gap` (the cool-down) in 32, 64, 128 rows (one to four windows).
+- The price of a rule, stated without faults: its page delay, the rows an alarm that stays on waits
+  before it is paged, (k - 1) + (min_duration - 1); at most 5 rows (5 minutes of 1-minute rows), the
+  operator's budget, fixed here. A longer cool-down may join two incidents into one page: at most four
+  windows (128 rows).
+- The choice: the fewest events on those normal rows (every one false) summed over the seeds; ties go to
+  the smaller page delay, then the shorter cool-down, then the release nearer 1 (the least change),
+  then the smaller min_duration. Each seed's model judges only its own plant.
+
+`--drift`: the drifting threshold's setting for the far-from-faults attempt, chosen on the same normal
+rows by a rule fixed before its count: `delay` 500 rows (the guard: longer than the plant's 400-row
+drift fault) and `max_factor` 4 kept; `level` median or tail, `span` 100 or 300; the lowest alarm rate
+on the normal-period rows summed over the seeds, ties to the median, then to span 300 (the default).
+
+The tuning data's normal rows (MSL and SKAB tuning) are not read: not run in this session (time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from tsformer.data.anomaly import series_rows
+from tsformer.data.plant_anomaly import simulate_plant_anomaly
+from tsformer.jobs.anomaly.judging import AnomalyModel
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
+
+MIN_DURATION = (1, 2, 3, 5, 8)
+K_OF_N = ((1, 1), (2, 3), (3, 5), (4, 8))
+RELEASE = (1.0, 0.9, 0.7, 0.5)
+MERGE_GAP = (32, 64, 128)
+PAGE_DELAY_BUDGET = 5  # rows
+TRAIN_END = 0.7  # conf/data/plant_anomaly.yaml
+
+
+def page_delay(rule: EventRule) -> int:
+    return (rule.k - 1) + (rule.min_duration - 1)
+
+
+def normal_period(seed: int):
+    """Every series' rows before `TRAIN_END` of the plant of `seed` (labels checked to be 0, then dropped)."""
+    table = simulate_plant_anomaly(n_steps=5000, test_fraction=0.3, seed=seed)
+    keep = np.concatenate([rows[: round(TRAIN_END * len(rows))] for rows in series_rows(table).values()])
+    normal = table.iloc[np.sort(keep)].reset_index(drop=True)
+    if normal["label"].any():
+        raise SystemExit("a labelled row lies in the normal period: the rule reads normal rows only")
+    return normal.drop(columns="label")
+
+
+def drift_choice(seeds: list[int], over: dict) -> None:
+    """The drifting threshold's level and span chosen on the normal rows (`over`: score over threshold;
+    the validation rows' level read from the last 20 % of each series' normal rows, as judged here)."""
+    counted = []
+    for level, span in itertools.product(("median", "tail"), (100, 300)):
+        rule = DriftRule(span=span, delay=500, max_factor=4.0, level=level)
+        alarms = rows = 0
+        for seed in seeds:
+            val = float(rule.of(np.concatenate([o[round(0.8 * len(o)) :] for o in over[seed]])))
+            for o in over[seed]:  # score / threshold: the drift factor scales the threshold of 1
+                alarms += int((o > drifting_threshold(o, 1.0, val, rule)).sum())
+                rows += len(o)
+        counted.append((alarms / rows, level != "median", span != 300, rule))
+        print(f"  {rule}: normal-period alarm rate {alarms / rows:.4f}")
+    print(f"chosen: {min(counted, key=lambda c: c[:3])[-1]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", help="the folder of plant_anomaly.py --keep (seed<S> model folders)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--drift", action="store_true", help="choose the drifting threshold's level and span")
+    args = parser.parse_args()
+    over, days = {}, 0.0
+    for seed in args.seeds:
+        model = AnomalyModel.load(Path(args.models) / f"seed{seed}")
+        table = normal_period(seed)
+        rows, events, _ = model.judge(table, "normal period")
+        over[seed] = [(rows["score"].to_numpy() / rows["threshold"].to_numpy())[at]
+                      for at in series_rows(rows).values()]  # fmt: skip
+        days += len(rows) / 1440
+        val = np.concatenate([o[round(0.8 * len(o)) :] for o in over[seed]])
+        print(f"seed {seed}: normal period {len(rows)} rows, alarm rate {float((rows['alarm'] > 0).mean()):.4f} "
+              f"(the validation rows' {float((val > 1).mean()):.4f}), events under the model's rule {len(events)}")  # fmt: skip
+    if args.drift:
+        drift_choice(args.seeds, over)
+        return
+    counted = []
+    for md, (k, n), release, gap in itertools.product(MIN_DURATION, K_OF_N, RELEASE, MERGE_GAP):
+        rule = EventRule(k=k, n=n, merge_gap=gap, min_duration=md, release=release)
+        if page_delay(rule) > PAGE_DELAY_BUDGET:
+            continue
+        count = sum(int(events_of(o > 1.0, rule, o).max()) + 1 for per in over.values() for o in per)
+        counted.append((count, page_delay(rule), gap, 1.0 - release, md, rule))
+    counted.sort(key=lambda c: c[:5])
+    print(
+        f"{len(counted)} candidates within the page-delay budget; normal rows judged: {days:.1f} plant-days"
+    )
+    for count, delay, *_, rule in counted[:12]:
+        print(f"  events {count:3d} ({count / days:.2f} per plant-day)  page delay {delay}  {rule}")
+    base = next(c for c in counted if c[-1] == EventRule(merge_gap=32))
+    print(f"the current default {base[-1]}: events {base[0]} ({base[0] / days:.2f} per plant-day)")
+    print(f"chosen: {counted[0][-1]}")
+
+
+if __name__ == "__main__":
+    main()
