@@ -20,6 +20,8 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
   residual attention, the paper's training: Adam, lr 1e-4, per-epoch decay);
 - tsformer-patchtst-small: the same at the sizes of the paper's ETTh1 scripts (d_model 16, 4 heads,
   FFN 128, dropout 0.3);
+- tsformer-recipe: issue 48's forecasting recipe (the small one, one head, on the closed-form linear
+  path; see OURS and benchmarks/RESULTS_forecasting.md);
 - tsformer-enc_only_forecast: encoder-only + flatten head, one token per step, channels mixed in
   each token, RevIN on (d_model 64, 2 layers, 4 heads: the `_common` sizes);
 - tsformer-enc_dec: encoder-decoder, RevIN + channel independence + encoder patches 16/8, one
@@ -107,6 +109,21 @@ OURS = {
         "model.net.ffn_expansion=8",
         "model.net.dropout=0.3",
         "model.net.attention_output_dropout=0.51",  # the preset's two dropouts in a row, at 0.3: 1 - 0.7^2
+    ],
+    # issue 48's recipe (benchmarks/RESULTS_forecasting.md, chosen on ETTh1-96's validation split): the
+    # small PatchTST with one head of 16, on top of the closed-form linear path (trained with it), batch
+    # 128, validated every quarter epoch (early stopping after 3 validations without a better val/mse);
+    # run with --epochs 2
+    "tsformer-recipe": [
+        "model=patchtst",
+        "model.net.d_model=16",
+        "model.net.n_heads=1",
+        "model.net.ffn_expansion=8",
+        "model.net.dropout=0.3",
+        "model.net.attention_output_dropout=0.51",
+        "model.linear_path=true",
+        "data.batch_size=128",
+        "+trainer.val_check_interval=0.25",
     ],
     "tsformer-enc_only_forecast": ["model=enc_only_forecast", "model.revin=true"],
     "tsformer-enc_dec": [

@@ -1,6 +1,7 @@
 """The documents' worked examples, measured: one markdown table of test errors beside the baselines
-(every forecasting run's persistence and linear forecaster among them), and for each model the baselines it
-loses to.
+(every forecasting run's persistence and linear forecaster among them), the linear baseline beside each
+model (its MAE and the model's as a multiple of it), and for each model the baselines it loses to; a
+model that loses to the linear baseline is named in a line under the table.
 
     python benchmarks/examples.py                       # every example whose data is found, 3 seeds
     python benchmarks/examples.py --only sensor_30_70   # one example
@@ -10,6 +11,8 @@ Every run is an ordinary `train.py` run (same configs, logged to MLflow in ./mlf
 "examples"); this script only composes the configs, repeats them over seeds and tabulates.
 
 Examples:
+- plant (`make train`: train.py's defaults, the encoder-decoder on the simulated plant), against
+  persistence and the linear forecaster;
 - gas_turbine (encoder-only state reconstruction on the UCI gas turbine, test year 2014), against
   per-row scikit-learn baselines (linear, gradient boosting, MLP);
 - wind_scada (decoder-only wind power on T1, horizon 18), with the measured future wind and with a
@@ -63,6 +66,28 @@ def loses_to(metrics: list[dict], baselines: list[str]) -> list[str]:
     original units, averaged over the seeds, is below the model's."""
     model = np.mean([m["test/mae_orig"] for m in metrics])
     return [b for b in baselines if np.mean([m[f"test/{b}_mae_orig"] for m in metrics]) < model]
+
+
+def linear_figures(metrics: list[dict], linear: str) -> dict[str, str]:
+    """The linear baseline (`test/<linear>_mae_orig`: the linear forecaster of every forecasting run, the
+    per-row linear regression of reconstruction) beside the model, over the seeds: its MAE and the
+    model's MAE as a multiple of it (> 1: the model loses to it)."""
+    if f"test/{linear}_mae_orig" not in metrics[0]:
+        return {"linear MAE (orig)": "not measured", "model / linear": ""}
+    model = np.mean([m["test/mae_orig"] for m in metrics])
+    lin = np.mean([m[f"test/{linear}_mae_orig"] for m in metrics])
+    return {
+        "linear MAE (orig)": mean_sd([m[f"test/{linear}_mae_orig"] for m in metrics]),
+        "model / linear": f"{model / lin:.3f}",
+    }
+
+
+def loses_to_linear(who: str, row: dict, metrics: list[dict], baselines: list[str], spec: dict) -> list[str]:
+    """One line where the model loses to the example's linear baseline, else none."""
+    if spec.get("linear", "linear") not in loses_to(metrics, baselines):
+        return []
+    line = f"{who}: the Transformer loses to the linear baseline (mean test MAE in original units "
+    return [line + f"{row['MAE (orig)']} against {row['linear MAE (orig)']})"]
 
 
 def data_sizes(overrides: list[str]) -> dict[str, int]:
@@ -153,9 +178,15 @@ def examples(quick: bool) -> dict[str, dict]:
         "dec_only": [*sensor, "model=dec_only", "model.context_len=30", "model.horizon=70", *sensor_budget],
     }
     return {
+        "plant": {  # `make train`: train.py's defaults, the encoder-decoder on the simulated plant
+            "requires": None,
+            "runs": {"enc_dec (make train)": []},
+        },
         "gas_turbine": {
             "requires": SHARED / "gas_turbine",
             "runs": {"enc_only": ["experiment=gas_turbine"]},
+            # reconstruction's naive baseline is its linear one: the per-row linear regression
+            "linear": "baseline",
         },
         "wind_scada": {
             "requires": SHARED / "wind_turbine_scada" / "T1.csv",
@@ -192,7 +223,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny settings and one seed (a smoke run)")
     args = parser.parse_args()
     seeds = args.seeds[:1] if args.quick else args.seeds
-    rows, step_rows, shown = [], [], set()
+    rows, step_rows, shown, remarks = [], [], set(), []
     out_root = Path(tempfile.mkdtemp(prefix="tsformer-examples-"))
     for name, spec in examples(args.quick).items():
         if args.only and name not in args.only:
@@ -246,7 +277,9 @@ def main() -> None:
                 if who == label:
                     row["params"] = f"{int(logged[0].params['n_params']):,}"
                     row["train s"] = mean_sd([d.metrics["fit/seconds"] for d in logged])
+                    row |= linear_figures(metrics, spec.get("linear", "linear"))
                     row["loses to (mean MAE orig)"] = ", ".join(loses_to(metrics, baselines)) or "none"
+                    remarks += loses_to_linear(f"{name}, {label}", row, metrics, baselines, spec)
                 rows.append(row)
             if spec.get("coherence"):
                 per_seed = [
@@ -268,6 +301,7 @@ def main() -> None:
     )
     if rows:
         print(pd.DataFrame(rows).fillna("").to_markdown(index=False))
+    print("\n".join(["", *remarks]))  # the models that lose to their linear baseline, one line each
     if step_rows:
         print("\nsensor_30_70 by horizon step (original units) and coherence:\n")
         print(pd.DataFrame(step_rows).to_markdown(index=False))

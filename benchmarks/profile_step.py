@@ -15,8 +15,9 @@ this machine, printed as measured:
 - loader: drawing a batch from the run's train DataLoader (windows cut and collated), per batch;
 - Lightning: `trainer.fit` of --steps batches, no validation, per step (loop, logging, loader included);
 - the aten ops that take the most time in a step (torch.profiler's self time);
-- validation: one pass over every validation window as `validation_step` does it (the loss and the
-  forecast), against a training epoch at the measured step time.
+- validation: Lightning's `trainer.validate` over every validation window (`validation_step`: one
+  forward pass a batch where the loss is the point forecast's, `WindowTask.loss_of_forecast`), against
+  a training epoch at the measured step time.
 """
 
 from __future__ import annotations
@@ -132,13 +133,12 @@ def main() -> None:
     trainer.fit(task, datamodule=dm)
     fit_s = (time.perf_counter() - start) / args.steps
 
-    task.eval()
     val_loader = dm.val_dataloader()
+    validator = L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
+    )
     start = time.perf_counter()
-    with torch.no_grad():
-        for val_batch in val_loader:
-            task.loss(val_batch)
-            task.forecast(val_batch)
+    validator.validate(task, datamodule=dm, verbose=False)  # `validation_step` on every window
     val_s = time.perf_counter() - start
     epoch_s = len(loader) * step_s
 

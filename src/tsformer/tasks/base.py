@@ -406,13 +406,25 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
         self.log("loss", loss, prog_bar=True, logger=False, batch_size=B)  # running value in the bar
         return loss
 
+    @property
+    def loss_of_forecast(self) -> bool:
+        """Whether the training loss is the point head's loss of the forecast itself (a family whose
+        teacher-forced pass is the forecast, `teacher_forced_is_forecast`): validation then runs the
+        network once per batch, not once for `val/loss` and again for `val/mse`."""
+        return self.teacher_forced_is_forecast and not self.head.probabilistic
+
+    teacher_forced_is_forecast = False  # True: `teacher_forced` computes what `predict_target` does
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
-        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=B, sync_dist=True)
         valid = self.target_valid(batch)  # (B, T_out)
-        self.val_metrics.update(
-            self.forecast(batch)[valid].flatten(), self.true_target(batch)[valid].flatten()
-        )
+        forecast, target = self.forecast(batch), self.true_target(batch)
+        if self.loss_of_forecast:  # the same number as `self.loss(batch)`, without a second pass
+            loss = self.masked_loss(forecast.unsqueeze(-1), target, valid)
+        else:
+            loss = self.loss(batch)
+        self.log("val/loss", loss, prog_bar=True, batch_size=B, sync_dist=True)
+        self.val_metrics.update(forecast[valid].flatten(), target[valid].flatten())
         self.log_dict(self.val_metrics, batch_size=B)
 
     def on_test_start(self) -> None:

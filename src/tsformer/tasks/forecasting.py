@@ -191,6 +191,7 @@ class EncoderForecaster(_Forecaster):
 
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
+    teacher_forced_is_forecast = True  # one pass of the network, no teacher forcing
 
     def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
