@@ -16,8 +16,8 @@ the same request again as soon as answered, for `--seconds` per level. Measured 
 latency p50 / p95 / p99, answers other than 200 (by status), the peak resident memory of the server's
 processes (sampled every 50 ms), and `/health`'s latency, asked every 50 ms meanwhile by a client in a
 process of its own (in this process, the load's event loop delayed the probe's answers itself).
-Beside the default server (2 model threads): for the anomaly model, 1 thread, and 2 worker processes of
-1 thread each (threads or processes); for the forecaster, `mlflow models serve` on the same run's
+Beside the default server (2 model threads), for every job: 1 thread, and 2 worker processes of 1
+thread each (threads or processes); for the forecaster, `mlflow models serve` on the same run's
 logged model (its uvicorn, `--env-manager local`). The client shares the machine's cores with the
 server: the figures are the pair's, and the machine is shared, so compare within a run.
 
@@ -283,10 +283,9 @@ def main() -> None:
         body = body_of(tables[job])
         port = free_port()
         serve = [str(BIN / "tsformer-serve"), model["folder"], "--port", str(port)]
-        variants = {"tsformer-serve": serve}
-        if job == "anomaly":
-            variants |= {"tsformer-serve --threads 1": [*serve, "--threads", "1"],
-                         "tsformer-serve --workers 2 --threads 1": [*serve, "--workers", "2", "--threads", "1"]}  # fmt: skip
+        variants = {"tsformer-serve": serve,  # the defaults: one process of 2 model threads
+                    "tsformer-serve --threads 1": [*serve, "--threads", "1"],
+                    "tsformer-serve --workers 2 --threads 1": [*serve, "--workers", "2", "--threads", "1"]}  # fmt: skip
         if job == "forecaster" and not args.no_mlflow:
             uri = f"runs:/{model['run_id']}/model"
             variants["mlflow models serve"] = [str(BIN / "mlflow"), "models", "serve", "-m", uri, "-p", str(port),
