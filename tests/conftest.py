@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import shutil
 import subprocess
@@ -31,6 +32,17 @@ REPO = Path(__file__).resolve().parents[1]
 # the benchmark scripts' own modules (e.g. anomaly_datasets: the labelled sets' loaders) import as
 # top-level names, as when a script runs; appended, so that they shadow no installed package
 sys.path.append(str(REPO / "benchmarks"))
+
+
+def import_benchmark(name: str):
+    """benchmarks/<name>.py as a module, even where an installed package has that top-level name (e.g.
+    `examples`)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one worker per core: each worker, and the train.py processes it starts,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, import_benchmark
 
 DATA = REPO.parent / "shared" / "data" / "ETT-small"
 needs_data = pytest.mark.needs_data(DATA / "ETTh1.csv")  # skipped where the file is absent (conftest.py)
@@ -34,12 +34,7 @@ def parse_tables(text: str) -> list[list[dict[str, str]]]:
 
 
 def import_bench():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import ett as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return bench
+    return import_benchmark("ett")
 
 
 def test_drop_last_mse_keeps_whole_batches_from_the_start():

@@ -3,21 +3,14 @@ model loses to it (issue 48, point 7). Pure functions on metric dicts: no run.""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from conftest import REPO
+from conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def examples():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import examples
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return examples
+    return import_benchmark("examples")
 
 
 def seeds(model: list[float], linear: list[float], name: str = "linear") -> list[dict]:
