@@ -35,6 +35,7 @@ class Blocking:
         self.go = threading.Event()
         self.started = threading.Semaphore(0)
         self.model = SimpleNamespace()
+        self.serve_threads = 1
         self.streams = False
 
     def predict(self, table, params=None, source=""):
@@ -47,6 +48,7 @@ class Failing:
     """A predictor whose model fails on every table, with a message quoting a long column name."""
 
     model = SimpleNamespace()
+    serve_threads = 1
     streams = False
 
     def predict(self, table, params=None, source=""):
@@ -327,3 +329,17 @@ def test_the_model_threads_leave_the_cores_to_the_event_loop_first():
         assert worker.result(timeout=10) == min(19, here + MODEL_NICENESS)
     finally:
         pool.shutdown()
+
+
+def test_the_model_threads_are_its_job_s_unless_threads_is_given(anomaly_model):
+    """`--threads` not given: the job's `Prediction.serve_threads` (2 for an anomaly model, whose requests
+    are long tensor work; 1 for the jobs whose short requests two threads of one process answer fewer of:
+    benchmarks/RESULTS_serve.md, run 6); given, it wins."""
+    forecaster = Predictor.of_folder(FIXTURES / "forecaster_v2")
+    sizes = {}
+    for name, predictor, limits in [("anomaly", anomaly_model, Limits()), ("forecaster", forecaster, Limits()),
+                                    ("given", anomaly_model, Limits(threads=3))]:  # fmt: skip
+        api = app(predictor, limits)
+        sizes[name] = api.state.pool.workers
+        api.state.pool.shutdown()
+    assert sizes == {"anomaly": 2, "forecaster": 1, "given": 3}

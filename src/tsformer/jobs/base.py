@@ -99,6 +99,11 @@ class Prediction:
     # a job whose model answers rows as they arrive (tsformer-serve's streams): (model, its state of the
     # stream or None for a new one, the new rows, params, source) -> (answer, next state); it bounds the state
     stream: Callable[[Any, Any, pd.DataFrame, dict, str], tuple[pd.DataFrame, Any]] | None = None
+    # tsformer-serve's model threads a process when `--threads` is not given: 1 where a typical request is
+    # short Python between small tensor operations (two threads take turns at the GIL and answer fewer
+    # requests than one), more where it is long tensor work that releases the GIL
+    # (benchmarks/RESULTS_serve.md, run 6)
+    serve_threads: int = 1
 
 
 @dataclass(frozen=True)

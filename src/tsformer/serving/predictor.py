@@ -56,6 +56,11 @@ class Predictor:
         return self.job.prediction.stream is not None
 
     @property
+    def serve_threads(self) -> int:
+        """tsformer-serve's model threads a process for this model when `--threads` is not given."""
+        return self.job.prediction.serve_threads
+
+    @property
     def streams_not(self) -> str:
         """The one line refusing a stream of a model whose job answers whole tables only."""
         return f"params: 'stream' is not an option of a {self.job.name} model: it answers whole tables"

@@ -44,7 +44,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -67,9 +67,10 @@ MESSAGE_CHARS = 300  # the most of a message an answer holds (a message may quot
 @dataclass(frozen=True)
 class Limits:
     """What the server holds at once, and for how long (the command's options; docs/operations.md).
-    The defaults suit a 2-core machine: two threads running the model."""
+    The defaults suit a 2-core machine."""
 
-    threads: int = 2  # threads running the model (parse, predict, answer), per process
+    threads: int | None = None  # threads running the model (parse, predict, answer), per process; None:
+    # the model's job's (`Prediction.serve_threads`)
     workers: int = 1  # server processes (uvicorn's workers), each loading the model
     queue: int = 64  # requests waiting for a thread, per process; more at once are answered 503
     timeout: float = 60.0  # seconds from a request's arrival to its answer (504; 408 for its body)
@@ -257,10 +258,17 @@ async def admitted_body(request: Request, pool: WorkerPool, limits: Limits) -> b
         raise
 
 
+def with_model_threads(limits: Limits, predictor) -> Limits:
+    """`limits` with its threads the model's job's where `--threads` was not given."""
+    if limits.threads is not None:
+        return limits
+    return replace(limits, threads=predictor.serve_threads)
+
+
 def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
     """The FastAPI application answering with `predictor` (a `Predictor`; its model's CSV options read
     a CSV body) within `limits`, one access line per request in the log."""
-    limits = limits or Limits()
+    limits = with_model_threads(limits or Limits(), predictor)
     pool = WorkerPool(limits.threads, limits.queue, limits.timeout)
     streams = StreamStates(limits.stream_keys)
     metrics = Metrics(pool, streams, load_seconds)
@@ -340,7 +348,7 @@ def app(predictor, limits: Limits | None = None, load_seconds: float = 0.0):
 
 # the limits' options: (name, what it bounds, what passing it gives)
 OPTIONS = {
-    "threads": "threads running the model, per process",
+    "threads": "threads running the model, per process (default: the model's job's; docs/operations.md)",
     "workers": "server processes, each loading the model (uvicorn's workers)",
     "queue": "requests waiting for a thread, per process; past it: 503",
     "timeout": "seconds from a request's arrival to its answer; past it: 504 (408 for a slow body)",
@@ -367,8 +375,9 @@ def parser_of() -> argparse.ArgumentParser:
     limits = parser.add_argument_group("limits (docs/operations.md)")
     for name, field in Limits.__dataclass_fields__.items():
         flag = "--" + name.replace("_", "-")
+        default = "" if field.default is None else f" (default {field.default:g})"
         limits.add_argument(flag, type=field.type == "float" and float or int, default=field.default,
-                            help=f"{OPTIONS[name]} (default {field.default:g})")  # fmt: skip
+                            help=OPTIONS[name] + default)  # fmt: skip
     return parser
 
 
@@ -376,7 +385,7 @@ def limits_of(args: argparse.Namespace) -> Limits:
     values = {name: getattr(args, name) for name in Limits.__dataclass_fields__}
     for name, value in values.items():
         least = 0 if name == "queue" else 0.001 if isinstance(value, float) else 1
-        if value < least:
+        if value is not None and value < least:
             raise ValueError(f"--{name.replace('_', '-')}={value}: at least {least:g}")
     return Limits(**values)
 
@@ -394,7 +403,7 @@ def app_of_environment():
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
     predictor = Predictor.of_folder(settings["folder"])
-    limits = Limits(**settings["limits"])
+    limits = with_model_threads(Limits(**settings["limits"]), predictor)
     _share_cores(limits)
     api = app(predictor, limits, time.perf_counter() - started)
     _settled()
@@ -432,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = resolve_model(args.model, args.tracking_uri, Path(downloaded))
             predictor = Predictor.of_folder(folder)
             load_seconds = time.perf_counter() - started
+            limits = with_model_threads(limits, predictor)
         except (DataValidationError, FileNotFoundError, ValueError, TrackingServerUnreachable) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
