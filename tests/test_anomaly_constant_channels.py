@@ -76,7 +76,10 @@ def test_a_departure_of_one_unit_scores_as_the_validation_rows_99th_percentile_n
     scores = task.score(judged)
     added = scores.score - task.score(val).score
     np.testing.assert_allclose(added, np.where(np.arange(64) == 20, 2 * unit, 0.0), rtol=1e-6, atol=1e-9)
-    assert scores.contributions[20, 2] == pytest.approx(2 * unit) and scores.score[20] < 3 * val_scores.max()
+    # two units on top of the row's own score: at most three times the worst validation row (the first
+    # rule gave 200, a hundred per unit); the bound is reached when row 20 is itself the worst row
+    assert scores.contributions[20, 2] == pytest.approx(2 * unit)
+    assert scores.score[20] <= 3 * val_scores.max() * (1 + 1e-9)
     task.hparams.departure_unit, task.hparams.departure_scores = 0.01, None  # a folder written before
     assert task.score(judged).score[20] - task.score(val).score[20] == pytest.approx(200.0)
 
