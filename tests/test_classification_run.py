@@ -1,11 +1,14 @@
 """End to end: `python train.py experiment=plant_regime` (tiny) in an empty folder, then predict.py and the
-pyfunc model on the same stream: the classes and probabilities of the training CSV."""
+pyfunc model on the same stream: the classes and probabilities of the training CSV.
+
+train.py's and predict.py's code runs in this process (`run`, predict.py's `main`): their processes are
+the contract's (tests/contract.py runs the classification job's printed command and tsformer-serve as
+processes) and the README's; a process adds about 7 s of imports and nothing of this job's."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import contextlib
+import io
 
 import mlflow
 import numpy as np
@@ -13,10 +16,11 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from conftest import REPO
 from tsformer.data import fetch
+from tsformer.predict import main as predict_main
 from tsformer.tasks.classification import METRICS
 from tsformer.tracking import restore_env
+from tsformer.train import compose_config, run
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +41,15 @@ KEYS = ["series_id", "window_end_time"]
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(completed train.py process, the folder it ran in): one tiny run shared by the tests."""
+    """(what the run printed, the folder it ran in): one tiny run shared by the tests, its MLflow
+    database ./mlflow.db of that folder, as train.py's default."""
     folder = tmp_path_factory.mktemp("plant_regime")
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "experiment=plant_regime",
-        *TINY_REGIME,
-        "hydra.run.dir=out",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600, check=False, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, folder
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.chdir(folder)
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        run(compose_config(["experiment=plant_regime", *TINY_REGIME], folder / "out"))
+    return printed.getvalue(), folder
 
 
 def the_run(folder):
@@ -60,7 +60,7 @@ def the_run(folder):
 
 
 def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(trained):
-    proc, folder = trained
+    printed, folder = trained
     client, run = the_run(folder)
     assert run.info.status == "FINISHED"
     assert run.data.tags["family"] == "enc_only_classifier"
@@ -88,7 +88,7 @@ def test_a_finished_run_with_metrics_beside_the_baselines_figures_and_csv(traine
     assert list(csv.columns) == [*KEYS, "y_true", "y_pred", "p_low", "p_normal", "p_high"]  # data.class_order
     assert len(csv) == run.data.metrics["test/n_samples"]
     assert np.allclose(csv[["p_low", "p_normal", "p_high"]].sum(axis=1), 1.0, atol=1e-6)
-    assert "balanced_accuracy" in proc.stdout and "classes CSV:" in proc.stdout
+    assert "balanced_accuracy" in printed and "classes CSV:" in printed
 
 
 def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained, tmp_path):
@@ -97,12 +97,14 @@ def test_predict_py_and_the_pyfunc_model_give_the_training_csvs_classes(trained,
     # the stream as a user writes it: `tsformer-data simulate plant_regime`, the data the run trained on
     simulate = ["simulate", "plant_regime", "--output", str(tmp_path / "stream.csv")]
     assert fetch.cli([*simulate, "--n-series", "8", "--n-steps", "600"]) == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(REPO / "predict.py"), run.info.run_id, str(tmp_path / "stream.csv")]
-    cmd += ["--output", str(tmp_path / "classes.csv")]
-    cli = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=300, check=False, env=env)
-    assert cli.returncode == 0, cli.stderr[-3000:]
-    assert "classes CSV:" in cli.stdout
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.chdir(folder)  # the run id is looked up in ./mlflow.db, as predict.py run where train.py ran
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        status = predict_main(
+            [run.info.run_id, str(tmp_path / "stream.csv"), "--output", str(tmp_path / "classes.csv")]
+        )
+    assert status == 0 and "classes CSV:" in printed.getvalue()
     training = pd.read_csv(folder / "out" / "classes.csv", parse_dates=["window_end_time"])
     probs = ["p_high", "p_low", "p_normal"]
     with restore_env("MLFLOW_TRACKING_URI"):  # set_tracking_uri sets it for the rest of the process

@@ -81,11 +81,12 @@ def test_fitting_the_raw_outputs_recovers_the_true_parameters(head):
     torch.manual_seed(0)
     y = draws(head, n=10_000)
     raw = torch.zeros(1, 2 * head.n_params, requires_grad=True)
-    opt = torch.optim.Adam([raw], lr=0.05)
+    # 500 steps at 0.1 end where 1,500 at 0.05 did (the same fitted values to 1e-6), in a third of the time
+    opt = torch.optim.Adam([raw], lr=0.1)
     decay = torch.optim.lr_scheduler.MultiStepLR(
-        opt, [1200], gamma=0.2
+        opt, [400], gamma=0.2
     )  # the pinball loss's gradient never shrinks
-    for _ in range(1500):
+    for _ in range(500):
         opt.zero_grad()
         head.loss(head.params(raw).expand(len(y), -1, -1), y).backward()
         opt.step()

@@ -1,8 +1,9 @@
 """Forecasting new data after training: the model folder, `predict.py`, the MLflow pyfunc model.
 
 One tiny model per family is trained once (module fixture); then, as a user would:
-- `python predict.py <run id> new.csv --output ...` and `mlflow.pyfunc.load_model(...).predict(...)`
-  in fresh processes agree with each other and with training's own test forecasts of the same origin;
+- `python predict.py <run id> new.csv --output ...` (its `main`, in this process: the contract runs the
+  printed command as a process) and `mlflow.pyfunc.load_model(...).predict(...)` in a fresh process (no
+  tsformer module imported before) agree with each other and with training's own test forecasts;
 - every bad input gets a message naming the series, the column and the time;
 - forecasts never change when values they must not see (targets and past-only covariates after the
   origin) change, and do change with the known future covariates.
@@ -19,9 +20,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import REPO, TINY
+from conftest import TINY
 from tsformer.data import DataValidationError, simulate_plant
 from tsformer.jobs.forecasting.forecaster import Forecaster
+from tsformer.predict import main as predict_main
 from tsformer.train import compose_config, run
 
 # every test here trains through train.py (or reads a module fixture that does)
@@ -96,30 +98,20 @@ print(json.dumps({"hydra": any(m == "hydra" or m.startswith("hydra.") for m in s
 """
 
 
-def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
+def test_predict_py_and_pyfunc_agree(trained, tmp_path, capsys, monkeypatch):
     """Acceptance: a CSV with future covariate rows, through predict.py and through mlflow.pyfunc."""
     result, folder = trained["enc_dec"]
     origin = last_test_origin(result)
     future_table(70, origin).to_csv(tmp_path / "new.csv", index=False)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cli = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "predict.py"),
-            result.run_id,
-            str(tmp_path / "new.csv"),
-            "--output",
-            str(tmp_path / "cli.csv"),
-        ],
-        check=False,
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert cli.returncode == 0, cli.stderr[-3000:]
-    assert "forecasts CSV:" in cli.stdout
+    with monkeypatch.context() as mp:
+        mp.chdir(folder)  # the run id is looked up in ./mlflow.db, as where train.py ran
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        assert (
+            predict_main([result.run_id, str(tmp_path / "new.csv"), "--output", str(tmp_path / "cli.csv")])
+            == 0
+        )
+    assert "forecasts CSV:" in capsys.readouterr().out
     uri = f"sqlite:///{folder}/mlflow.db"
     # the registered version, in a process of its own (runs:/ URIs: the contract tests, tests/contract.py)
     for name, model_uri in [("registry", "models:/tiny-enc_dec/1")]:
@@ -155,28 +147,16 @@ def test_predict_py_and_pyfunc_agree_in_fresh_processes(trained, tmp_path):
     np.testing.assert_allclose(both.y_pred_cli, both.y_pred_train, rtol=1e-5, atol=1e-5)
 
 
-def test_predict_py_takes_a_run_folder_and_reports_bad_input(trained, tmp_path):
+def test_predict_py_takes_a_run_folder_and_reports_bad_input(trained, tmp_path, capsys):
     result, folder = trained["dec_only"]
     table = future_table(30, last_test_origin(result))
     table.loc[table.index[-5], "supply_voltage"] = np.nan  # a missing future covariate
     table.to_csv(tmp_path / "bad.csv", index=False)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "predict.py"),
-            str(folder / "out"),
-            str(tmp_path / "bad.csv"),
-            "-o",
-            str(tmp_path / "out.csv"),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    assert (
+        predict_main([str(folder / "out"), str(tmp_path / "bad.csv"), "-o", str(tmp_path / "out.csv")]) == 2
     )
-    assert proc.returncode == 2
-    assert "supply_voltage" in proc.stderr and "series 1" in proc.stderr
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "supply_voltage" in err and "series 1" in err
     assert not (tmp_path / "out.csv").exists()
 
 
