@@ -239,24 +239,18 @@ def test_each_bad_setting_is_a_user_error_naming_it_before_any_mlflow_run(in_tmp
         assert not (folder / "out" / "checkpoints").exists(), setting
 
 
-def test_a_bad_setting_is_one_line_exit_2_and_no_mlflow_run(tmp_path):
-    setting = "model.net.n_heads=3"  # refused by the model itself: the deepest of BAD_SETTINGS
-    proc = train_py(tmp_path, [setting])
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 2, stderr[-3000:]
-    assert error_line(stderr).startswith(f"error: {BAD_SETTINGS[setting]}"), stderr
-    assert "Traceback" not in stdout + stderr
-    assert not (tmp_path / "mlflow.db").exists()
-    assert not (tmp_path / "out" / "checkpoints").exists()
-
-
 def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path):
+    """Two processes: bad data as a user sees it (exit 2, one line naming the file and row, no run), and
+    a bad setting with HYDRA_FULL_ERROR=1 (the traceback, exit 1, still no MLflow run). A bad setting's
+    line and exit status come from the same `_user_error` as bad data's: each setting's line is checked in
+    this process above."""
     corrupt, _ = BAD_INPUTS["non-numeric value"]
     path = tmp_path / "bad_plant.csv"
     corrupt(good_table(400)).to_csv(path, index=False)
-    overrides = good_table_overrides(path)
+    setting = "model.net.n_heads=3"  # refused by the model itself: the deepest of BAD_SETTINGS
     procs = {}
-    for name, extra_env in (("plain", {}), ("full", {"HYDRA_FULL_ERROR": "1"})):
+    for name, overrides, extra_env in (("plain", good_table_overrides(path), {}),
+                                       ("full", [setting], {"HYDRA_FULL_ERROR": "1"})):  # fmt: skip
         (tmp_path / name).mkdir()
         procs[name] = train_py(tmp_path / name, overrides, env=clean_env() | extra_env)
     stdout, stderr = procs["plain"].communicate(timeout=300)
@@ -267,7 +261,9 @@ def test_bad_data_is_one_line_exit_2_and_full_error_shows_the_traceback(tmp_path
     assert stderr.strip().splitlines() == [line], stderr[-3000:]  # nothing else, as predict.py prints
     assert not runs_in(tmp_path / "plain")
     _, stderr = procs["full"].communicate(timeout=300)
-    assert procs["full"].returncode == 1 and "Traceback" in stderr and "DataValidationError" in stderr
+    assert procs["full"].returncode == 1 and "Traceback" in stderr and BAD_SETTINGS[setting] in stderr
+    assert not (tmp_path / "full" / "mlflow.db").exists()
+    assert not (tmp_path / "full" / "out" / "checkpoints").exists()
 
 
 def test_a_second_run_into_a_used_output_folder_is_refused(two_runs, monkeypatch):
