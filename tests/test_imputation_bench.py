@@ -4,26 +4,26 @@ keeping the notes around it; the interpolation baseline is scored beside the mod
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, import_benchmark
 
 DATA = REPO.parent / "shared" / "data" / "ETT-small"
 
 
 @pytest.mark.slow
 @pytest.mark.needs_data(DATA / "ETTh1.csv")
-def test_quick_run_writes_its_table_between_the_notes(tmp_path):
+def test_quick_run_writes_its_table_between_the_notes(tmp_path, monkeypatch):
+    """The script's `main` in this process, as `python benchmarks/imputation.py ...` from an empty folder."""
     results = tmp_path / "RESULTS.md"
     results.write_text("notes before\n<!-- table t -->\nold\n<!-- /table t -->\nnotes after\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TSFORMER_DATA_DIR": str(REPO.parent / "shared" / "data")}
-    command = [sys.executable, str(REPO / "benchmarks" / "imputation.py"), "--quick", "--datasets", "ETTh1"]
-    command += ["--ratios", "0.5", "--results", str(results), "--table", "t"]
-    subprocess.run(command, check=True, cwd=tmp_path, env=env, capture_output=True, timeout=600)
+    monkeypatch.setenv("TSFORMER_DATA_DIR", str(REPO.parent / "shared" / "data"))
+    monkeypatch.chdir(tmp_path)
+    argv = [str(REPO / "benchmarks" / "imputation.py"), "--quick", "--datasets", "ETTh1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--ratios", "0.5", "--results", str(results), "--table", "t"])
+    import_benchmark("imputation").main()
     text = results.read_text()
     assert text.startswith("notes before\n<!-- table t -->\n") and text.endswith(
         "<!-- /table t -->\nnotes after\n"
