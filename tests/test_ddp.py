@@ -9,6 +9,8 @@ the order of float32 sums (gradients averaged over the processes instead of summ
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from omegaconf import open_dict, read_write
 
 from conftest import REPO, TINY
 from tsformer.data.datamodule import EpochShuffle, EvalShard
-from tsformer.train import _refuse_ddp_launch_in_a_sweep, compose_config
+from tsformer.train import _refuse_ddp_launch_in_a_sweep, compose_config, run
 
 BATCH = 32  # one process's batch; 2 processes take BATCH // 2 each
 # float32 sums in another order (DDP's all-reduce of 2 half-batch mean gradients vs one batch mean),
@@ -49,11 +51,20 @@ def train(cwd, overrides, launcher=()):
     return proc
 
 
+# what train.py's Hydra adds to a run's output folder, beside what the run writes
+HYDRA_FILES = [".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log"]
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The one-process run with batch BATCH: its folder."""
+    """The one-process run with batch BATCH, in this process (train.py's `run`; a process of its own
+    would add only its imports): its folder, its MLflow database ./mlflow.db there."""
     folder = tmp_path_factory.mktemp("ddp") / "one"
-    train(folder, [f"data.batch_size={BATCH}"])
+    folder.mkdir()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()):
+        mp.chdir(folder)
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        run(compose_config([*TINY, *SETTINGS, f"data.batch_size={BATCH}"], folder / "out"))
     return folder
 
 
@@ -100,7 +111,9 @@ def test_two_processes_give_one_run_every_window_once_and_the_one_process_metric
     check_like_one_process(ddp, one_process, tmp_path)
 
     # the output folder: what one process writes, and rank 1's log only, which names no MLflow run
-    assert files(ddp / "out") == sorted([*files(one_process / "out"), "train_ddp_process_1.log"])
+    assert files(ddp / "out") == sorted(
+        [*files(one_process / "out"), *HYDRA_FILES, "train_ddp_process_1.log"]
+    )
     assert "MLflow run id" in (ddp / "out" / "train.log").read_text()
     assert "MLflow run id" not in (ddp / "out" / "train_ddp_process_1.log").read_text()
 
