@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py --workdir /tmp/serve-bench
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py --workdir /tmp/serve-bench --jobs anomaly --seconds 4
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py --jobs classifier --clients 1 16 --repeat 5 --no-mlflow
 
 Three models are trained once into WORKDIR (a few steps each, logged to WORKDIR/mlflow.db: their speed
 does not depend on their weights): a forecaster (the default `model=enc_dec`: 30 steps of history, 70
@@ -16,15 +17,22 @@ the same request again as soon as answered, for `--seconds` per level. Measured 
 latency p50 / p95 / p99, answers other than 200 (by status), the peak resident memory of the server's
 processes (sampled every 50 ms), and `/health`'s latency, asked every 50 ms meanwhile by a client in a
 process of its own (in this process, the load's event loop delayed the probe's answers itself).
-Beside the default server (2 model threads), for every job: 1 thread, and 2 worker processes of 1
-thread each (threads or processes); for the forecaster, `mlflow models serve` on the same run's
+Beside the default server (the job's model threads: `Prediction.serve_threads`), for every job: 1
+thread, and 2 worker processes of 1 thread each (threads or processes); for the forecaster, `mlflow models serve` on the same run's
 logged model (its uvicorn, `--env-manager local`). The client shares the machine's cores with the
 server: the figures are the pair's, and the machine is shared, so compare within a run.
 
+`--repeat R` runs every level R times on each server, the levels in order in each repetition (1, 4, 16,
+64, 1, 4, ...: 1 and 16 clients alternate, so a slow minute of the machine falls on both), prints each
+repetition, and then each level's throughput against 1 client's in the same repetition: the least,
+median and largest ratio over the R repetitions, how far the noise moves it (8 s levels once each know
+a ratio to about +-0.2: benchmarks/RESULTS_serve.md, run 7).
+
 Last, the streaming form (`params: {"stream": key}`) in this process: the anomaly model's answer per
 new row, rows sent in chunks of 1, 10 and 100, against scoring the 1,000-row table causally at once
-(`Predictor.predict_stream` against `AnomalyModel.judge(causal=True)`, text times read in both; the
-best of 3 each; no HTTP, no JSON).
+(the best of 3 each, wall-clock and CPU time; no HTTP): in process (`Predictor.predict_stream` against
+`AnomalyModel.judge(causal=True)`, text times read in both, no JSON) and served (each request's JSON
+body read and its answer written as the server's worker thread does: `stream_cost`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -205,60 +214,120 @@ print(json.dumps(out))
 
 
 def measure(name: str, command: list[str], port: int, body: bytes, args, workdir: Path) -> list[dict]:
+    """Every level of `args.clients` on one server, `args.repeat` times over (each repetition runs the
+    levels in order, so that 1 and 16 clients alternate); a row per level and repetition."""
     server = start(command, port, workdir, workdir / f"{name}.log")
     rows = []
     try:
         rest = tree_rss(server.pid) / 2**20
-        for clients in args.clients:
-            row = asyncio.run(drive(port, body, clients, args.seconds, server.pid))
-            rows.append({"server": name, "idle MB": rest, **row})
-            with (workdir / "rows.jsonl").open("a") as saved:  # kept as measured: a later failure loses none
-                saved.write(json.dumps({"server": name, "idle MB": rest, **row}) + "\n")
-            print(f"  {name} {clients} clients: {row['ok/s']:.1f}/s, p50 {row['p50 ms']:.0f} ms, "
-                  f"errors {row['errors']}, health max {row['health max ms']:.0f} ms", flush=True)  # fmt: skip
+        for rep in range(1, args.repeat + 1):
+            for clients in args.clients:
+                row = {"server": name, "idle MB": rest, "rep": rep,
+                       **asyncio.run(drive(port, body, clients, args.seconds, server.pid))}  # fmt: skip
+                rows.append(row)
+                with (workdir / "rows.jsonl").open(
+                    "a"
+                ) as saved:  # kept as measured: a later failure loses none
+                    saved.write(json.dumps(row) + "\n")
+                print(f"  {name} rep {rep}, {clients} clients: {row['ok/s']:.1f}/s, p50 {row['p50 ms']:.0f} ms, "
+                      f"errors {row['errors']}, health max {row['health max ms']:.0f} ms", flush=True)  # fmt: skip
     finally:
         stop(server)
     return rows
 
 
+def ratio_spread(results: pd.DataFrame) -> pd.DataFrame:
+    """Per job, server and level: its answers/s against 1 client's in the same repetition, the least,
+    median and largest over the repetitions (how far the noise moves a ratio)."""
+    ones = results[results.clients == 1].set_index(["job", "server", "rep"])["ok/s"]
+    rows = []
+    for (job, server, clients), level in results[results.clients != 1].groupby(
+        ["job", "server", "clients"], sort=False
+    ):
+        ratio = level["ok/s"].to_numpy() / ones.loc[[(job, server, r) for r in level.rep]].to_numpy()
+        rows.append({"job": job, "server": server, "clients": clients, "repetitions": len(ratio),
+                     "ratio to 1 client, min": ratio.min(), "median": np.median(ratio), "max": ratio.max()})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def stream_cost(folder: str, table: pd.DataFrame, repeats: int = 3) -> list[dict]:
-    """Seconds per row: the whole table (its text times read) scored causally at once, and the rows
-    streamed in chunks (each request's text times read)."""
+    """Milliseconds per row, in two forms: in process (the whole table, its text times read, scored
+    causally at once, against the rows streamed in chunks through `Predictor.predict_stream`), and
+    served (as tsformer-serve's worker thread does it, without the HTTP: each request's JSON body read by
+    `read_request`, answered as JSON text, the whole table's with the model's causal setting on; and again
+    with each request's rows given to the job as their DataFrame, as a `dataframe_records` or CSV body's
+    are, not as `SplitRows`). Each
+    the best of `repeats`, in wall-clock time and in this process's CPU time (which the machine's other
+    work moves less: it leaves out the waits for a core)."""
     from tsformer.data.schema import read_times
+    from tsformer.data.split_rows import frame_of
     from tsformer.serving.predictor import Predictor
+    from tsformer.serving.server import answer, answer_stream, read_request
+    from tsformer.serving.streams import StreamStates
 
     predictor = Predictor.of_folder(folder)
     model = predictor.model
+    first = max(model.detector.window, model.detector.window_length)
 
     def whole_table():
+        yield
         model.judge(table.assign(time=read_times(table.time, None, "the table")), causal=True)
 
-    whole = min(_timed(whole_table) for _ in range(repeats)) / len(table)
-    rows = [
-        {"form": "whole table, causal", "chunk rows": len(table), "ms per row": whole * 1000, "ratio": 1.0}
-    ]
-    first = max(model.detector.window, model.detector.window_length)
-    for chunk in (1, 10, 100):
-        n = min(len(table) - first, 200 if chunk == 1 else 600)
+    whole_body = body_of(table)
 
-        def streamed(chunk: int = chunk, n: int = n) -> float:
-            _, state = predictor.predict_stream(None, table.iloc[:first], {})
-            started = time.perf_counter()
-            for at in range(first, first + n, chunk):
-                _, state = predictor.predict_stream(state, table.iloc[at : at + chunk], {})
-            return time.perf_counter() - started
+    def whole_served():
+        model.detector.hparams.causal = True  # the stream's causal row score, as `judge(causal=True)`
+        yield
+        answer(predictor, *read_request(whole_body, "application/json"))
 
-        per_row = min(streamed() for _ in range(repeats)) / n  # the best of `repeats`, as the whole table's
-        rows.append(
-            {"form": "stream", "chunk rows": chunk, "ms per row": per_row * 1000, "ratio": per_row / whole}
-        )
+    def streamed(chunk: int, n: int):
+        _, state = predictor.predict_stream(None, table.iloc[:first], {})
+        yield
+        for at in range(first, first + n, chunk):
+            _, state = predictor.predict_stream(state, table.iloc[at : at + chunk], {})
+
+    def served(chunk: int, n: int, as_table: bool = False):
+        bodies = [body_of(table.iloc[at : at + chunk], stream="s") for at in range(first, first + n, chunk)]
+        streams = StreamStates(1)
+        answer_stream(predictor, streams, "s", table.iloc[:first], {})
+        yield
+        for body in bodies:
+            rows, params = read_request(body, "application/json")
+            answer_stream(
+                predictor, streams, params.pop("stream"), frame_of(rows) if as_table else rows, params
+            )
+
+    def served_as_table(chunk: int, n: int):
+        return served(chunk, n, as_table=True)
+
+    rows = []
+    forms = [("in process", whole_table, streamed), ("served", whole_served, served)]
+    forms += [("served, rows as a table", whole_served, served_as_table)]  # the DataFrame reader's cost
+    for form, whole_form, stream_form in forms:
+        whole = _best(whole_form, repeats) / len(table)
+        rows.append({"form": form, "rows": f"whole table ({len(table)})", "ms per row": whole[0], "ratio": 1.0,
+                     "CPU ms per row": whole[1], "CPU ratio": 1.0})  # fmt: skip
+        for chunk in (1, 10, 100):
+            n = min(len(table) - first, 200 if chunk == 1 else 600)
+            per_row = _best(functools.partial(stream_form, chunk, n), repeats) / n
+            rows.append({"form": form, "rows": f"stream, chunks of {chunk}", "ms per row": per_row[0],
+                         "ratio": per_row[0] / whole[0], "CPU ms per row": per_row[1],
+                         "CPU ratio": per_row[1] / whole[1]})  # fmt: skip
     return rows
 
 
-def _timed(work) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started
+def _best(work, repeats: int) -> np.ndarray:
+    """(wall, CPU) milliseconds of `work()`'s part after its `yield` (before it: the setting up), each
+    the least of `repeats` runs."""
+    runs = []
+    for _ in range(repeats):
+        steps = work()
+        next(steps)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in steps:
+            pass
+        runs.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return np.asarray(runs).min(axis=0) * 1000
 
 
 def main() -> None:
@@ -269,6 +338,9 @@ def main() -> None:
     parser.add_argument("--jobs", nargs="+", default=list(TRAININGS))
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of every level on each server, alternating"
+    )
     parser.add_argument("--no-mlflow", action="store_true", help="leave out `mlflow models serve`")
     parser.add_argument("--stream-only", action="store_true", help="the anomaly stream's cost alone")
     args = parser.parse_args()
@@ -283,7 +355,7 @@ def main() -> None:
         body = body_of(tables[job])
         port = free_port()
         serve = [str(BIN / "tsformer-serve"), model["folder"], "--port", str(port)]
-        variants = {"tsformer-serve": serve,  # the defaults: one process of 2 model threads
+        variants = {"tsformer-serve": serve,  # the defaults: one process, the job's model threads
                     "tsformer-serve --threads 1": [*serve, "--threads", "1"],
                     "tsformer-serve --workers 2 --threads 1": [*serve, "--workers", "2", "--threads", "1"]}  # fmt: skip
         if job == "forecaster" and not args.no_mlflow:
@@ -301,7 +373,13 @@ def main() -> None:
                 continue
             results += [{"job": job, **row} for row in measure(name, command, port, body, args, args.workdir)]
     if results:
-        print("\n" + pd.DataFrame(results).to_markdown(index=False, floatfmt=".1f"))
+        table = pd.DataFrame(results)
+        print(
+            "\n"
+            + table.drop(columns="rep" if args.repeat == 1 else []).to_markdown(index=False, floatfmt=".1f")
+        )
+        if 1 in args.clients and len(args.clients) > 1:
+            print("\n" + ratio_spread(table).to_markdown(index=False, floatfmt=".2f"))
     if "anomaly" in args.jobs:
         cost = pd.DataFrame(stream_cost(train(args.workdir, "anomaly")["folder"], tables["anomaly"]))
         print("\n" + cost.to_markdown(index=False, floatfmt=".3f"))

@@ -4,6 +4,7 @@ channels, events), each row once, from a state that stays bounded."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from conftest import REPO
 from test_anomaly_detector import CHANNELS, N_TRAIN, fit, with_valve
 from tsformer.data.simulators import simulate_plant
+from tsformer.data.split_rows import SplitRows
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.streaming import history_rows
 from tsformer.serving.predictor import Predictor
@@ -38,12 +40,18 @@ def with_alarms(model: AnomalyModel, table: pd.DataFrame, release: float = 1.0) 
     return replace(model, threshold=float(np.quantile(scores, 0.85)), rule=EventRule(2, 3, 3, 2, release))
 
 
-def streamed(predictor: Predictor, table: pd.DataFrame, seed: int):
-    """(rows, events, the last state) of `table` sent in chunks of 1 to 60 rows."""
+def split_rows(table: pd.DataFrame) -> SplitRows:
+    """`table`'s rows as tsformer-serve reads a stream's `dataframe_split` request of them (JSON)."""
+    split = json.loads(json.dumps(table.to_dict(orient="split", index=False)))
+    return SplitRows.of(split["columns"], split["data"])
+
+
+def streamed(predictor: Predictor, table: pd.DataFrame, seed: int, sent=lambda rows: rows):
+    """(rows, events, the last state) of `table` sent in chunks of 1 to 60 rows (each as `sent` makes it)."""
     rng, state, rows, events, at = np.random.default_rng(seed), None, [], [], 0
     while at < len(table):
         n = int(rng.integers(1, 61))
-        answer, state = predictor.predict_stream(state, table.iloc[at : at + n], {})
+        answer, state = predictor.predict_stream(state, sent(table.iloc[at : at + n]), {})
         rows.append(answer.drop(columns="event_id"))
         events.append(answer.attrs["beside"]["events"])
         at += n
@@ -54,10 +62,12 @@ def streamed(predictor: Predictor, table: pd.DataFrame, seed: int):
     return pd.concat(rows, ignore_index=True), pd.concat(events, ignore_index=True), state
 
 
-def assert_streamed_as_whole(predictor: Predictor, table: pd.DataFrame, seed: int = 0) -> None:
+def assert_streamed_as_whole(
+    predictor: Predictor, table: pd.DataFrame, seed: int = 0, sent=lambda rows: rows
+):
     timed = table.assign(time=pd.to_datetime(table.time))
     whole, whole_events, _ = predictor.model.judge(timed, causal=True)
-    rows, events, state = streamed(predictor, table, seed)
+    rows, events, state = streamed(predictor, table, seed, sent)
     by_row = ["series_id", "time"]
     rows = rows.sort_values(by_row, kind="stable").reset_index(drop=True)
     whole = whole.sort_values(by_row, kind="stable").reset_index(drop=True)
@@ -94,6 +104,47 @@ def test_hysteresis_holds_a_streamed_event_across_chunks_as_in_the_whole_table()
     table = two_series(table)
     predictor.model = with_alarms(predictor.model, table.assign(time=pd.to_datetime(table.time)), release=0.7)
     assert_streamed_as_whole(predictor, table, seed=7)
+
+
+def test_a_requests_rows_read_without_a_table_are_answered_as_the_whole_table():
+    """The server's `SplitRows` (a stream's request read straight into arrays), a constant channel's
+    departures and hysteresis at work."""
+    predictor = Predictor.of_folder(FIXTURES / "anomaly_1")
+    detector = predictor.model.detector
+    detector.is_constant = np.isin(detector.channels, ["supply_voltage"])
+    level = float(detector.channel_loc[detector.channels.index("supply_voltage")])
+    table = pd.read_csv(FIXTURES / "anomaly_1_input.csv").iloc[:200]
+    table["supply_voltage"] = np.where(np.isin(np.arange(200), [30, 120]), 1.03 * level, level)
+    table = two_series(table)
+    predictor.model = with_alarms(predictor.model, table.assign(time=pd.to_datetime(table.time)), release=0.7)
+    sent = []
+    assert_streamed_as_whole(
+        predictor, table, seed=3, sent=lambda chunk: sent.append(split_rows(chunk)) or sent[-1]
+    )
+    assert not any("frame" in rows.__dict__ for rows in sent)  # read without their DataFrame
+
+
+@pytest.mark.parametrize(
+    "cell", ["broken", None, True, "2.5"], ids=["text", "empty", "bool", "number as text"]
+)
+def test_request_rows_the_plain_reader_leaves_are_read_and_refused_as_their_table(cell):
+    """A cell that is not a plain number: the rows are read from their DataFrame, so the answer (pandas
+    reads a bool or a number's text as a number), or the one line refusing them, is the table's."""
+    predictor = Predictor.of_folder(FIXTURES / "anomaly_1")
+    table = pd.read_csv(FIXTURES / "anomaly_1_input.csv").iloc[:25]
+    _, state = predictor.predict_stream(None, table.iloc[:20], {})
+    rows = split_rows(table.iloc[20:25])
+    rows.data[1][rows.columns.index("supply_voltage")] = cell
+    answers = []
+    for sent in (rows, rows.frame):
+        try:
+            answer, _ = predictor.predict_stream(state, sent, {})
+            answers.append(answer.drop(columns="event_id").to_dict("list"))
+        except ValueError as err:
+            answers.append(str(err))
+    assert answers[0] == answers[1]
+    if cell in ("broken", None):
+        assert "column 'supply_voltage', row 1" in answers[0]
 
 
 def test_a_model_whose_threshold_follows_drift_refuses_a_stream_in_one_line():

@@ -118,6 +118,16 @@ def test_bad_csv_input_names_file_column_and_row(kind, tmp_path):
         assert words in message, (words, message)
 
 
+def test_unsorted_times_name_the_first_series_to_go_back_at_its_first_step_back():
+    """Series interleaved, both going back: the series that appears first is named, not the first row."""
+    df = good_table()
+    df = df.iloc[np.argsort(np.tile(np.arange(40), 2), kind="stable")].reset_index(drop=True)  # a, b, a, b
+    df.loc[[11, 9], "time"] = df.loc[[9, 11], "time"].to_numpy()  # b goes back at row 11, first in the file
+    df.loc[[50, 52], "time"] = df.loc[[52, 50], "time"].to_numpy()  # a goes back at row 52
+    with pytest.raises(DataValidationError, match=r"column 'time', row 52, series 'a'.* at row 50"):
+        make_dm(df).setup()
+
+
 def test_bad_dataframe_input_names_the_data_set_and_row_without_csv_lines():
     df = _nan_cell(good_table())
     with pytest.raises(DataValidationError, match=r"toy \(in-memory table\).*column 'z', row 47, series 'b'"):

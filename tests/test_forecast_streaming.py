@@ -4,12 +4,15 @@ whole table so far gives, from a state that stays bounded."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import REPO
 from tsformer.data.simulators import simulate_plant
+from tsformer.data.split_rows import SplitRows
 from tsformer.serving.predictor import Predictor
 from tsformer.serving.streams import StreamStates
 
@@ -72,3 +75,17 @@ def test_a_dropped_forecast_stream_says_so_when_its_new_rows_alone_are_too_short
         ValueError, match=r"^stream 'a' was dropped \(more than 1 streams kept\): .*too little hist"
     ):
         streams.answer("a", lambda state: predictor.predict_stream(state, new, {}))
+
+
+def test_a_requests_rows_as_the_server_reads_them_are_answered_as_their_table():
+    """tsformer-serve gives a stream's `dataframe_split` rows as `SplitRows`: a forecaster reads their
+    DataFrame."""
+    predictor = Predictor.of_folder(FIXTURES / "forecaster_v2")
+    plant = simulate_plant(n_series=2, n_steps=60, freq="1min", seed=3)
+    split = json.loads(
+        so_far(plant, {0: CONTEXT + 2, 1: CONTEXT + 3}, [0, 1]).to_json(orient="split", index=False)
+    )
+    rows = SplitRows.of(split["columns"], split["data"])
+    answer, _ = predictor.predict_stream(None, rows, {})
+    pd.testing.assert_frame_equal(answer, predictor.predict_stream(None, rows.frame, {})[0])
+    assert len(answer) == 2 * len(TARGETS) * HORIZON  # two series forecast

@@ -47,9 +47,14 @@ def series_rows(table: pd.DataFrame) -> dict:
     keys = [c for c in (SERIES_COL, SEGMENT_COL) if c in table.columns]
     if not keys:
         return {None: np.arange(len(table))}
-    key = table[keys[0]] if len(keys) == 1 else pd.MultiIndex.from_frame(table[keys])
+    return rows_by_key(table[keys[0]] if len(keys) == 1 else pd.MultiIndex.from_frame(table[keys]))
+
+
+def rows_by_key(key) -> dict:
+    """Positions of the rows of each value of `key` (a column, its array, or an index), in order of
+    first appearance; the keys Python values."""
     codes, uniques = pd.factorize(key, sort=False)
-    return {sid: np.flatnonzero(codes == i) for i, sid in enumerate(uniques)}
+    return {sid: np.flatnonzero(codes == i) for i, sid in enumerate(uniques.tolist())}
 
 
 def check_table(table: pd.DataFrame, channels: list[str], min_rows: int, what: str = "table") -> None:

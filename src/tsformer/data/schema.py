@@ -347,18 +347,23 @@ class SeriesSchema:
                 f"the same time already appears at {describe_row(source, first_row)}"
                 f" ({int(duplicated.sum())} duplicate(s) in total){self._series_col_hint(clean, df)}"
             )
-        groups = clean.groupby(self.series_col, sort=False) if self.series_col else [(None, clean)]
-        for sid, group in groups:
-            t = group[self.time_col].to_numpy()
-            backwards = np.flatnonzero(t[1:] < t[:-1])
-            if backwards.size:
-                row = int(group.index[backwards[0] + 1])
-                before = int(group.index[backwards[0]])
-                raise DataValidationError(
-                    f"{source}: unsorted timestamps at {_where(source, self.time_col, row, sid, t[backwards[0] + 1])}"
-                    f": earlier than {pd.Timestamp(t[backwards[0]])} at {describe_row(source, before)}"
-                    " (sort the table by time within each series)"
-                )
+        # each series' rows in file order, the series in order of appearance, in one pass (a loop over the
+        # series' groups cost a served request of 50 series 5 ms)
+        series = (
+            pd.factorize(clean[self.series_col])[0] if self.series_col else np.zeros(len(clean), dtype=int)
+        )
+        order = np.argsort(series, kind="stable")
+        s, t = series[order], clean[self.time_col].to_numpy()[order]
+        backwards = np.flatnonzero((s[1:] == s[:-1]) & (s[1:] >= 0) & (t[1:] < t[:-1]))
+        if backwards.size:  # the first series (in order of appearance) to go back, at its first step back
+            at, was = order[backwards[0] + 1], order[backwards[0]]
+            row, before = int(clean.index[at]), int(clean.index[was])
+            sid = clean[self.series_col].iloc[at] if self.series_col else None
+            raise DataValidationError(
+                f"{source}: unsorted timestamps at {_where(source, self.time_col, row, sid, t[backwards[0] + 1])}"
+                f": earlier than {pd.Timestamp(t[backwards[0]])} at {describe_row(source, before)}"
+                " (sort the table by time within each series)"
+            )
 
     def _series_col_hint(self, clean, df) -> str:
         """Without a series column, duplicate times may be several series stacked in long format:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tsformer.data.split_rows import SplitRows
 from tsformer.jobs.base import Job, Param
 
 
@@ -66,10 +67,12 @@ class Predictor:
         return f"params: 'stream' is not an option of a {self.job.name} model: it answers whole tables"
 
     def predict_stream(
-        self, state, rows: pd.DataFrame, params: dict | None = None, *, source: str = "the table"
+        self, state, rows: pd.DataFrame | SplitRows, params: dict | None = None, *, source: str = "the table"
     ):
         """(answer, next state) of `rows`, the new rows of a stream whose kept state is `state` (None: a
-        new stream); the state is the job's, opaque to the caller, and `state` itself is left as it was."""
+        new stream); the state is the job's, opaque to the caller, and `state` itself is left as it was.
+        `rows` a table, or a request's rows as it holds them (`SplitRows`: the job reads them, or their
+        `frame`)."""
         if not self.streams:
             raise ValueError(self.streams_not)
         return self.job.prediction.stream(self.model, state, rows, self.checked(params), source)

@@ -53,6 +53,7 @@ from fastapi.responses import Response
 
 from tsformer import __version__
 from tsformer.data.schema import DataValidationError
+from tsformer.data.split_rows import SplitRows
 from tsformer.serving.metrics import Metrics
 from tsformer.serving.pool import TimeLimit, WorkerPool
 from tsformer.serving.streams import StreamStates
@@ -105,8 +106,9 @@ def one_line(text: str) -> str:
 
 def read_request(
     body: bytes, content_type: str, csv_options: dict | None = None, max_columns: int | None = None
-) -> tuple[pd.DataFrame, dict]:
-    """(table, params) of an /invocations request in MLflow's formats (see the module docstring); a CSV
+) -> tuple[pd.DataFrame | SplitRows, dict]:
+    """(table, params) of an /invocations request in MLflow's formats (see the module docstring; a
+    stream's `dataframe_split` rows as `SplitRows`, `_table_of_json`); a CSV
     body is read with `csv_options` (the training file's separator, decimal mark, encoding). A table of
     more than `max_columns` columns is refused before it is built."""
     mime = (content_type or "application/json").split(";")[0].strip().lower()
@@ -140,8 +142,9 @@ def _check_columns(n: int, max_columns: int | None) -> None:
         )
 
 
-def _table_of_json(payload, max_columns: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """(table, params) of a JSON request: `dataframe_split` or `dataframe_records`, and `params`."""
+def _table_of_json(payload, max_columns: int | None = None) -> tuple[pd.DataFrame | SplitRows, dict]:
+    """(table, params) of a JSON request: `dataframe_split` or `dataframe_records`, and `params`; a
+    stream's `dataframe_split` as `SplitRows` (its job reads those, or their `frame`)."""
     params = payload.get("params") or {} if isinstance(payload, dict) else {}
     if isinstance(payload, dict) and isinstance(payload.get("dataframe_split"), dict):
         split = payload["dataframe_split"]
@@ -152,6 +155,9 @@ def _table_of_json(payload, max_columns: int | None = None) -> tuple[pd.DataFram
             else 0
         )
         _check_columns(max(len(columns) if isinstance(columns, list) else 0, widest), max_columns)
+        rows = SplitRows.of(columns, data) if isinstance(params, dict) and "stream" in params else None
+        if rows is not None:  # a stream's few rows: its job reads them without building a table
+            return rows, params
         try:
             return pd.DataFrame(data, columns=columns), params
         except (ValueError, TypeError) as err:
@@ -184,7 +190,9 @@ def answer(predictor, table: pd.DataFrame, params: dict) -> str:
     return answer_of(result)
 
 
-def answer_stream(predictor, streams: StreamStates, key, table: pd.DataFrame, params: dict) -> str:
+def answer_stream(
+    predictor, streams: StreamStates, key, table: pd.DataFrame | SplitRows, params: dict
+) -> str:
     """The JSON answer to the new rows of stream `key` (`Predictor.predict_stream`, the key's state kept
     in `streams`): as `answer`, and `"stream"`: the key, whether it started now, whether its state was
     lost, and what the job says of it (`attrs["stream"]`)."""
@@ -212,6 +220,8 @@ def answer_of(result: pd.DataFrame, extra: dict | None = None) -> str:
 def answer_json(frame: pd.DataFrame) -> str:
     """The rows of an answer as a JSON list of objects: missing values null (json.dumps would write
     NaN, which JSON parsers refuse), times ISO text (`2024-01-01T02:09:00.000`)."""
+    if len(frame) == 0:  # a stream's usual events table: pandas' writer costs a stream's row as much
+        return "[]"
     return frame.to_json(orient="records", date_format="iso")
 
 

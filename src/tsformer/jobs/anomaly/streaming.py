@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 from pandas.tseries.api import guess_datetime_format
 
-from tsformer.data.anomaly import SERIES_COL, check_labels, check_table, series_rows
+from tsformer.data.anomaly import SEGMENT_COL, SERIES_COL, check_labels, check_table, rows_by_key, series_rows
 from tsformer.data.schema import read_times
+from tsformer.data.split_rows import SplitRows, frame_of
 from tsformer.data.window_scores import causal_rows_of_windows
 from tsformer.jobs.anomaly.judging import N_TOP, AnomalyModel
 
@@ -86,7 +87,7 @@ def _context(detector) -> int:
 
 
 def answer_stream(
-    model: AnomalyModel, state: StreamState | None, table: pd.DataFrame, params: dict, source: str
+    model: AnomalyModel, state: StreamState | None, table: pd.DataFrame | SplitRows, params: dict, source: str
 ) -> tuple[pd.DataFrame, StreamState]:
     """(the judged new rows, the next state) of `table`'s rows (after those of `state`); the rows the
     whole table's `judge` gives, but for `event_id` (module docstring), the events in attrs["beside"],
@@ -98,9 +99,14 @@ def answer_stream(
             "this model's threshold follows slow drift (model.threshold_drift): it answers whole tables, "
             "not streams; send the table without params.stream"
         )
-    time_format = params["time_format"] or state.time_format or _inferred_format(table, model.time_col)
-    rows_of = _rows_of(model, table, time_format, source)
-    groups = series_rows(table)
+    time_format = params["time_format"] or state.time_format
+    plain = _plain_rows(model, table, time_format) if isinstance(table, SplitRows) else None
+    if plain is None:  # a DataFrame, or rows the plain reader leaves to pandas
+        table = frame_of(table)
+        time_format = time_format or _inferred_format(table, model.time_col)
+        rows_of, groups = _rows_of(model, table, time_format, source), series_rows(table)
+    else:
+        rows_of, groups, time_format = plain
     if len(set(state.series) | set(groups)) > MAX_SERIES:
         raise ValueError(f"{source}: a stream keeps at most {MAX_SERIES} series; send more under another key")
     series, n_events = dict(state.series), state.n_events
@@ -135,6 +141,52 @@ def _inferred_format(table: pd.DataFrame, time_col: str) -> str | None:
         return None
     first = table[time_col].dropna()
     return guess_datetime_format(first.iloc[0]) if len(first) and isinstance(first.iloc[0], str) else None
+
+
+def _plain_rows(model: AnomalyModel, rows: SplitRows, time_format: str | None):
+    """(`_rows_of`, `series_rows`, the time format) of a request's rows read without pandas' table when
+    they are plain (the channels finite numbers, the series ids all ints or all text, the times text that
+    `time_format`, or the one inferred from the first as `_inferred_format` does, reads, labels 0 or 1;
+    no segment column); None otherwise: `_rows_of` reads their DataFrame, and words any error."""
+    raw = rows.numbers(model.detector.channels)
+    if raw is None or SEGMENT_COL in rows:
+        return None
+    out = {"raw": raw, "values": model.detector.standardised(raw)}
+    if model.label_col is not None and model.label_col in rows:
+        labels = rows.values(model.label_col)
+        if not all(type(v) is int and v in (0, 1) for v in labels):
+            return None
+        out["label"] = np.array(labels, dtype=np.int64)
+    groups = {None: np.arange(len(rows))}
+    if SERIES_COL in rows:
+        out["series_id"] = rows.ids(SERIES_COL)
+        if out["series_id"] is None:
+            return None
+        groups = rows_by_key(out["series_id"])
+    if model.time_col in rows:
+        text = rows.values(model.time_col)
+        if not all(type(t) is str for t in text):
+            return None
+        time_format = time_format or guess_datetime_format(text[0])
+        times = _plain_times(text, time_format)
+        if times is None:
+            return None
+        out["time"] = times
+    return out, groups, time_format
+
+
+def _plain_times(text: list[str], time_format: str | None) -> np.ndarray | None:
+    """`datetime64[ns]` of `text` as `read_times` reads it with `time_format`, or None where that
+    reading would infer a format, convert a time zone or refuse a cell (`read_times` does it then)."""
+    if time_format is None:
+        return None
+    try:
+        times = pd.to_datetime(np.array(text, dtype=object), format=time_format, errors="coerce")
+    except (ValueError, TypeError):
+        return None
+    if times.tz is not None or times.isna().any():
+        return None
+    return times.to_numpy().astype("datetime64[ns]", copy=False)
 
 
 def _rows_of(model: AnomalyModel, table: pd.DataFrame, time_format: str | None, source: str) -> dict:

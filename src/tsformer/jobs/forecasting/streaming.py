@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from tsformer.data.schema import series_ids
+from tsformer.data.split_rows import SplitRows, frame_of
 from tsformer.jobs.forecasting.forecaster import Forecaster, series_positions
 
 MAX_SERIES = 1000  # series per stream
@@ -35,7 +36,11 @@ class ForecastStream:
 
 
 def answer_stream(
-    model: Forecaster, state: ForecastStream | None, table: pd.DataFrame, params: dict, source: str
+    model: Forecaster,
+    state: ForecastStream | None,
+    table: pd.DataFrame | SplitRows,
+    params: dict,
+    source: str,
 ) -> tuple[pd.DataFrame, ForecastStream]:
     """(the forecasts of the series of `table` from their kept and new rows, the next state); `state` is
     left as it was."""
@@ -46,7 +51,7 @@ def answer_stream(
         )
     c = model.contract
     schema = replace(c.schema, time_format=params["time_format"] or c.time_format)
-    new = schema.validate(table, source, may_be_empty=set(schema.value_cols)).reset_index(drop=True)
+    new = schema.validate(frame_of(table), source, may_be_empty=set(schema.value_cols)).reset_index(drop=True)
     kept = (state or ForecastStream()).rows
     keys = [c.series_col, c.time_col] if c.series_col else [c.time_col]
     joined = new if kept is None else pd.concat([kept, new], ignore_index=True)
