@@ -46,12 +46,8 @@ def data_class_of(group: str, option: str) -> type | None:
     if group not in ("model", "data", "experiment"):
         return None
     if group == "data":
-        taken = {
-            j.data_class
-            for j in JOBS.values()
-            if issubclass(target_of([f"data={option}"], "data"), j.data_class)
-        }
-        (data_class,) = taken
+        data_module = target_of([f"data={option}"], "data")  # composed once, not once per job
+        (data_class,) = {j.data_class for j in JOBS.values() if issubclass(data_module, j.data_class)}
         return data_class
     model = target_of([f"{group}={option}"], "model")
     return job_of_task(model).data_class
