@@ -1,7 +1,7 @@
 """`SplitRows`: a few rows as a `dataframe_split` request holds them (column names, rows of JSON values),
 for a reader that takes them straight into arrays: a stream's request of one row cost more to build as a
 DataFrame than to score (benchmarks/RESULTS_serve.md). Whatever such a reader does not take as it is (a
-cell that is not a plain number or text, a column of mixed kinds) it reads from `frame()`, the DataFrame
+cell that is not a plain number or text, a column of mixed kinds) it reads from `frame`, the DataFrame
 pandas builds of the same rows, so that its answer and its one-line errors are the table's own.
 """
 
@@ -46,7 +46,7 @@ class SplitRows:
 
     def numbers(self, names: list[str]) -> np.ndarray | None:
         """`(T, len(names))` float64 of the named columns when each cell is a finite int or float (not a
-        bool); None otherwise (a missing column, an empty or text cell: `frame()` says which)."""
+        bool); None otherwise (a missing column, an empty or text cell: `frame` says which)."""
         if not all(name in self._at for name in names):
             return None
         at = [self._at[name] for name in names]
