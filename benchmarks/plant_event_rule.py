@@ -25,7 +25,24 @@ rows by a rule fixed before its count: `delay` 500 rows (the guard: longer than 
 drift fault) and `max_factor` 4 kept; `level` median or tail, `span` 100 or 300; the lowest alarm rate
 on the normal-period rows summed over the seeds, ties to the median, then to span 300 (the default).
 
-The tuning data's normal rows (MSL and SKAB tuning) are not read: not run in this session (time).
+The tuning data's normal rows too (`--tuning DATA`; this part of the rule committed before its count):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_event_rule.py /tmp/plant_models --tuning ../shared/data/anomaly
+
+- Sources: the plant's normal period (above) and the two tuning collections of benchmarks/anomaly.py,
+  `msl_tuning` (TSB-AD's 2 MSL tuning files) and `skab_tuning` (SKAB's anomaly-free run cut into 8 runs,
+  one plant fault injected in each). Never MSL-14 or SKAB-34.
+- Models: each tuning file's detector trained as benchmarks/anomaly.py trains it (its `Detector`:
+  `experiment=anomaly_benchmark seed=S`, the file's train rows, validation their last 20 %), seeds
+  `--tuning-seeds` (0 1); it scores every row of its file, against its own calibrated threshold.
+- Normal rows: these are tuning sets, so their labels may pick the normal rows: the rows labelled 0 whose
+  every covering window holds no labelled row (more than `context_len` - 1 = 31 rows from any labelled
+  row: no fault's window score reaches them), train and scored rows alike. Each maximal stretch of such
+  rows is a series of its own (an event never spans an incident).
+- The count: per source, events per 1,000 normal rows (events and rows summed over its seeds and
+  series); a candidate's figure is the sum of the three sources' rates, so each source weighs the same
+  whatever its length (a plant-day is no unit for SKAB's 1-second rows). The candidates, the page-delay
+  budget (5 rows) and the tie-breaks are the plant's, above.
 """
 
 from __future__ import annotations
