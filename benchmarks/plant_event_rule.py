@@ -25,7 +25,24 @@ rows by a rule fixed before its count: `delay` 500 rows (the guard: longer than 
 drift fault) and `max_factor` 4 kept; `level` median or tail, `span` 100 or 300; the lowest alarm rate
 on the normal-period rows summed over the seeds, ties to the median, then to span 300 (the default).
 
-The tuning data's normal rows (MSL and SKAB tuning) are not read: not run in this session (time).
+The tuning data's normal rows too (`--tuning DATA`; this part of the rule committed before its count):
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_event_rule.py /tmp/plant_models --tuning ../shared/data/anomaly
+
+- Sources: the plant's normal period (above) and the two tuning collections of benchmarks/anomaly.py,
+  `msl_tuning` (TSB-AD's 2 MSL tuning files) and `skab_tuning` (SKAB's anomaly-free run cut into 8 runs,
+  one plant fault injected in each). Never MSL-14 or SKAB-34.
+- Models: each tuning file's detector trained as benchmarks/anomaly.py trains it (its `Detector`:
+  `experiment=anomaly_benchmark seed=S`, the file's train rows, validation their last 20 %), seeds
+  `--tuning-seeds` (0 1); it scores every row of its file, against its own calibrated threshold.
+- Normal rows: these are tuning sets, so their labels may pick the normal rows: the rows labelled 0 whose
+  every covering window holds no labelled row (more than `context_len` - 1 = 31 rows from any labelled
+  row: no fault's window score reaches them), train and scored rows alike. Each maximal stretch of such
+  rows is a series of its own (an event never spans an incident).
+- The count: per source, events per 1,000 normal rows (events and rows summed over its seeds and
+  series); a candidate's figure is the sum of the three sources' rates, so each source weighs the same
+  whatever its length (a plant-day is no unit for SKAB's 1-second rows). The candidates, the page-delay
+  budget (5 rows) and the tie-breaks are the plant's, above.
 """
 
 from __future__ import annotations
@@ -35,11 +52,12 @@ import itertools
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from tsformer.data.anomaly import series_rows
 from tsformer.data.plant_anomaly import simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
-from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, _runs, drifting_threshold, events_of
 
 MIN_DURATION = (1, 2, 3, 5, 8)
 K_OF_N = ((1, 1), (2, 3), (3, 5), (4, 8))
@@ -47,6 +65,7 @@ RELEASE = (1.0, 0.9, 0.7, 0.5)
 MERGE_GAP = (32, 64, 128)
 PAGE_DELAY_BUDGET = 5  # rows
 TRAIN_END = 0.7  # conf/data/plant_anomaly.yaml
+MODEL_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "model" / "enc_only_anomaly.yaml"
 
 
 def page_delay(rule: EventRule) -> int:
@@ -80,6 +99,46 @@ def drift_choice(seeds: list[int], over: dict) -> None:
     print(f"chosen: {min(counted, key=lambda c: c[:3])[-1]}")
 
 
+def plant_normal(models: Path, seeds: list[int]) -> dict:
+    """seed -> each series' score over threshold on its own plant's normal period, as judged."""
+    over = {}
+    for seed in seeds:
+        model = AnomalyModel.load(models / f"seed{seed}")
+        rows, events, _ = model.judge(normal_period(seed), "normal period")
+        over[seed] = [(rows["score"].to_numpy() / rows["threshold"].to_numpy())[at]
+                      for at in series_rows(rows).values()]  # fmt: skip
+        val = np.concatenate([o[round(0.8 * len(o)) :] for o in over[seed]])
+        print(f"seed {seed}: normal period {len(rows)} rows, alarm rate {float((rows['alarm'] > 0).mean()):.4f} "
+              f"(the validation rows' {float((val > 1).mean()):.4f}), events under the model's rule {len(events)}")  # fmt: skip
+    return over
+
+
+def tuning_normal(data: Path, name: str, seeds: list[int]) -> list[np.ndarray]:
+    """Score over threshold on each stretch of a tuning collection's normal rows (the docstring's rule),
+    each file's detector trained as benchmarks/anomaly.py trains it."""
+    import anomaly  # benchmarks/anomaly.py: its Detector, the recipe as the benchmark trains it
+
+    stretches = []
+    for run in anomaly.datasets.TUNING[name](data):
+        for seed in seeds:
+            detector = anomaly.Detector("masked", seed, [], val_fraction=0.2).fit_run(
+                run.table, run.train_end
+            )
+            reach = int(detector.task.hparams["context_len"]) - 1  # a window's rows either side of a row
+            near = np.convolve(run.label, np.ones(2 * reach + 1), mode="same") > 0
+            over = np.asarray(detector.score(run.table).score, float) / float(detector.task.threshold)
+            normal = [over[a:b] for a, b in _runs(~near)]
+            stretches += normal
+            rows = sum(map(len, normal))
+            print(f"{name} {run.name} seed {seed}: {rows} normal rows, alarm rate "
+                  f"{sum(int((o > 1).sum()) for o in normal) / max(rows, 1):.4f}", flush=True)  # fmt: skip
+    return stretches
+
+
+def events(rule: EventRule, stretches: list[np.ndarray]) -> int:
+    return sum(int(events_of(o > 1.0, rule, o).max()) + 1 for o in stretches)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -87,36 +146,42 @@ def main() -> None:
     parser.add_argument("models", help="the folder of plant_anomaly.py --keep (seed<S> model folders)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--drift", action="store_true", help="choose the drifting threshold's level and span")
+    parser.add_argument("--tuning", type=Path, help="the anomaly data folder: msl_tuning, skab_tuning too")
+    parser.add_argument("--tuning-seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
-    over, days = {}, 0.0
-    for seed in args.seeds:
-        model = AnomalyModel.load(Path(args.models) / f"seed{seed}")
-        table = normal_period(seed)
-        rows, events, _ = model.judge(table, "normal period")
-        over[seed] = [(rows["score"].to_numpy() / rows["threshold"].to_numpy())[at]
-                      for at in series_rows(rows).values()]  # fmt: skip
-        days += len(rows) / 1440
-        val = np.concatenate([o[round(0.8 * len(o)) :] for o in over[seed]])
-        print(f"seed {seed}: normal period {len(rows)} rows, alarm rate {float((rows['alarm'] > 0).mean()):.4f} "
-              f"(the validation rows' {float((val > 1).mean()):.4f}), events under the model's rule {len(events)}")  # fmt: skip
+    over = plant_normal(Path(args.models), args.seeds)
     if args.drift:
         drift_choice(args.seeds, over)
         return
+    sources = {"plant": [o for per in over.values() for o in per]}
+    if args.tuning:
+        if not args.tuning.is_dir():
+            parser.exit(2, f"error: --tuning {args.tuning}: no such folder\n")
+        for name in ("msl_tuning", "skab_tuning"):
+            sources[name] = tuning_normal(args.tuning, name, args.tuning_seeds)
+    per_1000 = {name: sum(map(len, s)) / 1000 for name, s in sources.items()}  # thousands of normal rows
     counted = []
     for md, (k, n), release, gap in itertools.product(MIN_DURATION, K_OF_N, RELEASE, MERGE_GAP):
         rule = EventRule(k=k, n=n, merge_gap=gap, min_duration=md, release=release)
         if page_delay(rule) > PAGE_DELAY_BUDGET:
             continue
-        count = sum(int(events_of(o > 1.0, rule, o).max()) + 1 for per in over.values() for o in per)
-        counted.append((count, page_delay(rule), gap, 1.0 - release, md, rule))
+        count = {name: events(rule, s) for name, s in sources.items()}
+        figure = sum(count[name] / per_1000[name] for name in sources)
+        counted.append((figure, page_delay(rule), gap, 1.0 - release, md, count, rule))
     counted.sort(key=lambda c: c[:5])
-    print(
-        f"{len(counted)} candidates within the page-delay budget; normal rows judged: {days:.1f} plant-days"
-    )
-    for count, delay, *_, rule in counted[:12]:
-        print(f"  events {count:3d} ({count / days:.2f} per plant-day)  page delay {delay}  {rule}")
-    base = next(c for c in counted if c[-1] == EventRule(merge_gap=32))
-    print(f"the current default {base[-1]}: events {base[0]} ({base[0] / days:.2f} per plant-day)")
+    print(f"{len(counted)} candidates within the page-delay budget; normal rows judged: "
+          + ", ".join(f"{name} {1000 * k:.0f}" for name, k in per_1000.items())
+          + f" ({1000 * per_1000['plant'] / 1440:.1f} plant-days)")  # fmt: skip
+
+    def line(c) -> str:
+        figure, delay, *_, count, rule = c
+        return (f"events per 1,000 normal rows summed {figure:.3f} ("
+                + ", ".join(f"{name} {n}" for name, n in count.items()) + f")  page delay {delay}  {rule}")  # fmt: skip
+
+    for c in counted[:12]:
+        print("  " + line(c))
+    default = EventRule(**OmegaConf.load(MODEL_CONFIG).events)  # the masked detector's defaults now
+    print(f"the current default: {line(next(c for c in counted if c[-1] == default))}")
     print(f"chosen: {counted[0][-1]}")
 
 
