@@ -21,7 +21,7 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
 - tsformer-patchtst-small: the same at the sizes of the paper's ETTh1 scripts (d_model 16, 4 heads,
   FFN 128, dropout 0.3);
 - tsformer-recipe: issue 48's forecasting recipe (the small one, one head, on the closed-form linear
-  path; see OURS and benchmarks/RESULTS_forecasting.md);
+  path): `experiment=forecast_recipe` (conf/experiment/; benchmarks/RESULTS_forecasting.md);
 - tsformer-enc_only_forecast: encoder-only + flatten head, one token per step, channels mixed in
   each token, RevIN on (d_model 64, 2 layers, 4 heads: the `_common` sizes);
 - tsformer-enc_dec: encoder-decoder, RevIN + channel independence + encoder patches 16/8, one
@@ -110,21 +110,9 @@ OURS = {
         "model.net.dropout=0.3",
         "model.net.attention_output_dropout=0.51",  # the preset's two dropouts in a row, at 0.3: 1 - 0.7^2
     ],
-    # issue 48's recipe (benchmarks/RESULTS_forecasting.md, chosen on ETTh1-96's validation split): the
-    # small PatchTST with one head of 16, on top of the closed-form linear path (trained with it), batch
-    # 128, validated every quarter epoch (early stopping after 3 validations without a better val/mse);
-    # run with --epochs 2
-    "tsformer-recipe": [
-        "model=patchtst",
-        "model.net.d_model=16",
-        "model.net.n_heads=1",
-        "model.net.ffn_expansion=8",
-        "model.net.dropout=0.3",
-        "model.net.attention_output_dropout=0.51",
-        "model.linear_path=true",
-        "data.batch_size=128",
-        "+trainer.val_check_interval=0.25",
-    ],
+    # issue 48's recipe (benchmarks/RESULTS_forecasting.md), the experiment users run: the small
+    # PatchTST with one head of 16 on the closed-form linear path; run with --epochs 2 (the experiment's)
+    "tsformer-recipe": ["experiment=forecast_recipe"],
     "tsformer-enc_only_forecast": ["model=enc_only_forecast", "model.revin=true"],
     "tsformer-enc_dec": [
         "model=enc_dec",
@@ -144,6 +132,15 @@ OURS = {
     # the closed-form channel-shared ridge (models/linear.py): fitted, not trained (one epoch, no step)
     "tsformer-linear": ["model=linear"],
 }
+
+
+def row_overrides(name: str) -> list[str]:
+    """Our row `name`'s experiment and settings: experiment=ett's with the row's, or the row's own
+    experiment where it names one (the recipe: its settings live in conf/, where users run it)."""
+    settings = OURS[name]
+    return settings if settings[0].startswith("experiment=") else ["experiment=ett", *settings]
+
+
 PEERS = ("nf-PatchTST", "nf-iTransformer", "nf-VanillaTransformer", "nf-DLinear", "nf-NLinear")
 QUICK = [
     "model.net.d_model=16",
@@ -259,8 +256,7 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
     from tsformer.train import compose_config, run
 
     overrides = [
-        "experiment=ett",
-        *OURS[name],
+        *row_overrides(name),
         f"data.name={dataset}",
         f"model.context_len={L}",
         f"model.horizon={H}",
@@ -673,8 +669,7 @@ def throughput_child(
 
         # the row's own model and options (patches, decoder layers), then the common size and batch layout
         overrides = [
-            "experiment=ett",
-            *OURS[name],
+            *row_overrides(name),
             f"model.context_len={L}",
             f"model.horizon={H}",
             "model.revin=true",

@@ -36,7 +36,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ett import OURS
+from ett import OURS, row_overrides
 
 
 def timed(fn, repeats: int) -> float:
@@ -83,8 +83,7 @@ def main() -> None:
     from tsformer.train import build_task, compose_config
 
     overrides = [
-        "experiment=ett",
-        *OURS[args.row],
+        *row_overrides(args.row),
         f"data.name={args.dataset}",
         f"model.context_len={args.lookback}",
         f"model.horizon={args.horizon}",

@@ -17,6 +17,7 @@ CONF = Path(CONFIG_DIR)
 # the data= and experiment= options that read a real data set, not a simulation
 REAL_DATA = {
     "ett",
+    "forecast_recipe",
     "gas_turbine",
     "gas_turbine_refit",
     "imputation_ett",

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from conftest import REPO, import_benchmark
 
@@ -47,6 +49,41 @@ def test_protocol_window_counts():
     assert bench.protocol_test_windows("ETTh1", 96) == 2785
     assert bench.protocol_test_windows("ETTh1", 720) == 2161
     assert bench.protocol_test_windows("ETTm1", 96) == 11425
+
+
+# issue 48's recipe as its measured runs composed it (benchmarks/RESULTS_forecasting.md, "The recipe,
+# committed before its measured run"), before its settings moved to conf/experiment/forecast_recipe.yaml
+MEASURED_RECIPE = [
+    "experiment=ett",
+    "model=patchtst",
+    "model.net.d_model=16",
+    "model.net.n_heads=1",
+    "model.net.ffn_expansion=8",
+    "model.net.dropout=0.3",
+    "model.net.attention_output_dropout=0.51",
+    "model.linear_path=true",
+    "data.batch_size=128",
+    "+trainer.val_check_interval=0.25",
+    "model.context_len=512",
+    "trainer.max_epochs=2",
+]
+
+
+def test_recipe_row_is_the_forecast_recipe_experiment_as_measured(tmp_path):
+    """ett.py's tsformer-recipe row (as its --epochs 2 runs compose it), `python train.py
+    experiment=forecast_recipe` and the measured runs' settings give the same model, data and trainer."""
+    from tsformer.train import compose_config
+
+    bench = import_bench()
+    row = [*bench.row_overrides("tsformer-recipe"), "model.context_len=512", "trainer.max_epochs=2"]
+    configs = [
+        OmegaConf.to_container(compose_config([*overrides, "model.horizon=192"], tmp_path), resolve=True)
+        for overrides in (row, ["experiment=forecast_recipe"], MEASURED_RECIPE)
+    ]
+    GlobalHydra.instance().clear()
+    for key in ("model", "data", "trainer", "callbacks"):
+        assert configs[0][key] == configs[1][key] == configs[2][key], key
+    assert configs[1]["model"]["linear_path"] and configs[1]["model"]["net"]["n_heads"] == 1
 
 
 @pytest.mark.slow
