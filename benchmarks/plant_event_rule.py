@@ -57,7 +57,7 @@ from omegaconf import OmegaConf
 from tsformer.data.anomaly import series_rows
 from tsformer.data.plant_anomaly import simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
-from tsformer.tasks.alarms import DriftRule, EventRule, _runs, drifting_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of, true_runs
 
 MIN_DURATION = (1, 2, 3, 5, 8)
 K_OF_N = ((1, 1), (2, 3), (3, 5), (4, 8))
@@ -127,7 +127,7 @@ def tuning_normal(data: Path, name: str, seeds: list[int]) -> list[np.ndarray]:
             reach = int(detector.task.hparams["context_len"]) - 1  # a window's rows either side of a row
             near = np.convolve(run.label, np.ones(2 * reach + 1), mode="same") > 0
             over = np.asarray(detector.score(run.table).score, float) / float(detector.task.threshold)
-            normal = [over[a:b] for a, b in _runs(~near)]
+            normal = [over[a:b] for a, b in true_runs(~near)]
             stretches += normal
             rows = sum(map(len, normal))
             print(f"{name} {run.name} seed {seed}: {rows} normal rows, alarm rate "

@@ -115,7 +115,7 @@ def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None
         held = np.asarray(over) > rule.release
         for i in np.flatnonzero(held[1:] & ~active[1:]) + 1:  # in order: a run held goes on holding
             active[i] = active[i - 1]
-    runs = _runs(active)
+    runs = true_runs(active)
     merged: list[list[int]] = []
     for start, end in runs:  # end exclusive
         if merged and start - merged[-1][1] <= rule.merge_gap:
@@ -131,7 +131,7 @@ def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None
     return event
 
 
-def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+def true_runs(flags: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) of every run of True in `flags`, end exclusive."""
     padded = np.concatenate([[False], flags, [False]])
     edges = np.flatnonzero(np.diff(padded.astype(int)))
