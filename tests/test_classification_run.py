@@ -3,7 +3,7 @@ pyfunc model on the same stream: the classes and probabilities of the training C
 
 train.py's and predict.py's code runs in this process (`run`, predict.py's `main`): their processes are
 the contract's (tests/contract.py runs the classification job's printed command and tsformer-serve as
-processes) and the README's; a process adds about 7 s of imports and nothing of this job's."""
+processes) and the README's; a process here would add only its imports."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def test_fitting_the_raw_outputs_recovers_the_true_parameters(head):
     torch.manual_seed(0)
     y = draws(head, n=10_000)
     raw = torch.zeros(1, 2 * head.n_params, requires_grad=True)
-    # 500 steps at 0.1 end where 1,500 at 0.05 did (the same fitted values to 1e-6), in a third of the time
+    # 500 steps at 0.1 reach the fitted values of 1,500 at 0.05 (benchmarks/RESULTS_test_suite.md)
     opt = torch.optim.Adam([raw], lr=0.1)
     decay = torch.optim.lr_scheduler.MultiStepLR(
         opt, [400], gamma=0.2

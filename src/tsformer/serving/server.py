@@ -220,7 +220,7 @@ def answer_of(result: pd.DataFrame, extra: dict | None = None) -> str:
 def answer_json(frame: pd.DataFrame) -> str:
     """The rows of an answer as a JSON list of objects: missing values null (json.dumps would write
     NaN, which JSON parsers refuse), times ISO text (`2024-01-01T02:09:00.000`)."""
-    if len(frame) == 0:  # a stream's usual events table: pandas' writer costs a stream's row as much
+    if len(frame) == 0:  # a stream's usual events table: pandas' writer is a stream row's fixed cost
         return "[]"
     return frame.to_json(orient="records", date_format="iso")
 
