@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from tsformer.jobs.anomaly.report import duration_text, evaluate, incidents_table, report_lines, score_figures
-from tsformer.tasks.anomaly import Scores
+from tsformer.tasks.anomaly import Scores, ranked_channels
 
 
 def judged() -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
@@ -107,3 +107,13 @@ def test_the_figures_put_time_on_x_name_the_events_and_keep_incidents_above_them
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_a_channel_adding_nothing_to_the_score_is_never_named_a_top_sensor():
+    # a known input conditions the detector and is never scored: ranked after the two scored channels, it
+    # used to fill the third place of every event's top sensors
+    score = np.array([2.0, 1.0])
+    contributions = np.array([[1.5, 0.5, 0.0], [0.0, 1.0, 0.0]])
+    scores = Scores(score, contributions, ["flow", "pressure", "ambient_temperature"])
+    assert scores.top_channels(3) == [["flow", "pressure", ""], ["pressure", "", ""]]
+    assert ranked_channels(contributions.sum(axis=0), scores.channels, 3).tolist() == ["flow", "pressure", ""]

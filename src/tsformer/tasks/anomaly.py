@@ -96,10 +96,17 @@ class Scores:
     parts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def top_channels(self, n: int = 3) -> list[list[str]]:
-        """The `n` channels contributing most to each row, largest first."""
-        order = np.argsort(-self.contributions, axis=1)[:, :n]  # (T, n)
-        names = np.asarray(self.channels)
-        return [list(names[row]) for row in order]
+        """The `n` channels contributing most to each row, largest first ("" for one adding nothing)."""
+        return [list(row) for row in ranked_channels(self.contributions, self.channels, n)]
+
+
+def ranked_channels(contributions: np.ndarray, channels: list[str], n: int) -> np.ndarray:
+    """`(..., n)` the names of the `n` channels contributing most to each row of `contributions`
+    `(..., C)`, largest first, and "" in place of a channel whose contribution is 0: a known input (never
+    scored) is not named as a sensor to look at because it ranks next after the scored ones."""
+    order = np.argsort(-contributions, axis=-1)[..., :n]  # (..., n)
+    adds = np.take_along_axis(contributions, order, axis=-1) > 0
+    return np.where(adds, np.asarray(channels, dtype=object)[order], "")
 
 
 def chosen_part(parts: dict[str, np.ndarray]) -> str:

@@ -24,7 +24,7 @@ from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
 from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
-from tsformer.tasks.anomaly import AnomalyScoring, Scores
+from tsformer.tasks.anomaly import AnomalyScoring, Scores, ranked_channels
 
 N_TOP = 3  # top contributing channels per row and event
 
@@ -124,7 +124,7 @@ class AnomalyModel:
 
     def events_table(self, rows: pd.DataFrame, event: np.ndarray, scores: Scores) -> pd.DataFrame:
         records = []
-        names = np.asarray(scores.channels)
+        names = scores.channels
         for e in range(int(event.max()) + 1 if len(event) else 0):
             at = np.flatnonzero(event == e)
             peak = at[np.argmax(scores.score[at])]
@@ -138,7 +138,7 @@ class AnomalyModel:
                     "n_rows": len(at),
                     "peak_score": float(scores.score[peak]),
                     "peak_time": rows["time"].iloc[peak],
-                    "top_channels": ";".join(names[np.argsort(-summed)[:N_TOP]]),
+                    "top_channels": ";".join(c for c in ranked_channels(summed, names, N_TOP) if c),
                 }
             )
         columns = [

@@ -31,6 +31,7 @@ from tsformer.data.schema import read_times
 from tsformer.data.split_rows import SplitRows, frame_of
 from tsformer.data.window_scores import causal_rows_of_windows
 from tsformer.jobs.anomaly.judging import N_TOP, AnomalyModel
+from tsformer.tasks.anomaly import ranked_channels
 
 MAX_SERIES = 1000  # series per stream
 
@@ -338,11 +339,11 @@ def _extended(event: Event, pos: int, score: float, time, contrib: np.ndarray) -
 
 
 def _record(model: AnomalyModel, event: Event, status: str, sid) -> dict:
-    names = np.asarray(model.detector.channels)
+    names = model.detector.channels
     return {"event_id": event.event_id, "status": status, "series_id": sid if sid is not None else 0,
             "start": event.start_time, "end": event.end_time, "n_rows": event.end - event.start,
             "peak_score": event.peak_score, "peak_time": event.peak_time,
-            "top_channels": ";".join(names[np.argsort(-event.contributions)[:N_TOP]])}  # fmt: skip
+            "top_channels": ";".join(c for c in ranked_channels(event.contributions, names, N_TOP) if c)}  # fmt: skip
 
 
 def _judged(model: AnomalyModel, rows: dict, scores, alarm, event_ids, times) -> pd.DataFrame:
