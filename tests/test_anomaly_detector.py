@@ -97,6 +97,8 @@ def test_the_judged_rows_windows_of_the_test_loss_lie_side_by_side_the_normal_ro
     data.setup()
     assert data.n_windows("train") == 2 * (45 - 5 + 1) and data.n_windows("val") == 2 * (15 - 5 + 1)
     assert data.n_windows("test") == 2 * 8  # 40 judged rows a series: 8 windows of 5, none shared
+    # every normal row, each series whole and in its order (what `model.threshold_rows=normal` reads)
+    assert data.normal_rows["x"].tolist() == [*range(60), *range(100, 160)]
 
 
 # -- the trained detector ---------------------------------------------------------------------------
@@ -274,6 +276,26 @@ def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and
         assert task.score(val).parts == {}  # one part: the chosen score alone
 
 
+def test_the_threshold_is_read_from_every_normal_row_when_asked_and_from_the_validation_rows_else():
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 3, "d_known": 0, "d_observed": 0}
+    rng = np.random.default_rng(0)
+    normal = pd.DataFrame(rng.normal(size=(300, 3)), columns=[f"target_{i}" for i in range(3)])
+    normal.iloc[40:60] *= 6.0  # a loud stretch among the train rows; the validation rows (the last 100) quiet
+    train, val = normal.iloc[:200], normal.iloc[200:]
+    thresholds = {}
+    for rows in ("validation", "normal"):
+        torch.manual_seed(0)  # the same untrained network both times
+        task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, window_norm=False, interpolate_hidden=True,
+                                     threshold_rows=rows).eval()  # fmt: skip
+        val_scores = task.prepare_scoring(train, val, normal)
+        read_from = task.score(normal).score if rows == "normal" else val_scores
+        assert float(task.threshold) == pytest.approx(calibrate_threshold(read_from, 0.001))
+        assert task.hparams.val_score_median == pytest.approx(np.median(read_from))
+        thresholds[rows] = float(task.threshold)
+        assert task.val_scores is val_scores  # the validation rows' scores either way
+    assert thresholds["normal"] > 2 * thresholds["validation"]  # the loud train rows raise it
+
+
 # -- alarms, events, thresholds, settings ------------------------------------------------------------
 
 
@@ -392,6 +414,11 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
         ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
         ({"threshold_drift": {"delay": -1}}, "threshold_drift: span=300 >= 1, delay=-1 >= 0"),
+        ({"threshold_rows": "train"}, "threshold_rows='train': one of ['validation', 'normal']"),
+        (
+            {"threshold_rows": "normal", "score": "hybrid"},
+            "threshold_rows='normal' with score=hybrid: the train",
+        ),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
         ({"stride": 9}, "stride=9: at most context_len (8)"),
