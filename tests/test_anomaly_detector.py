@@ -47,7 +47,10 @@ def fit(table: pd.DataFrame, folder, *overrides: str, label: str | None = None):
 
 @pytest.fixture(scope="module")
 def hybrid(plant, tmp_path_factory):
-    return fit(plant, tmp_path_factory.mktemp("hybrid"), "model.score=hybrid")
+    # a memory's scores of the train rows say nothing (their windows are in it): the validation rows' threshold
+    return fit(
+        plant, tmp_path_factory.mktemp("hybrid"), "model.score=hybrid", "model.threshold_rows=validation"
+    )
 
 
 # -- window scores back to rows ----------------------------------------------------------------------
@@ -197,7 +200,7 @@ def test_labels_are_never_read_while_fitting(plant, tmp_path):
     labelled = plant.assign(label=0)
     labelled.loc[N_TRAIN + 50 : N_TRAIN + 80, "label"] = 1
     shuffled = labelled.assign(label=np.random.default_rng(0).permutation(labelled["label"].to_numpy()))
-    quick = ["model.score=memory", "trainer.limit_train_batches=2"]
+    quick = ["model.score=memory", "model.threshold_rows=validation", "trainer.limit_train_batches=2"]
     a = fit(labelled, tmp_path / "a", *quick, label="label")
     b = fit(shuffled, tmp_path / "b", *quick, label="label")
     table = plant.iloc[N_TRAIN:].reset_index(drop=True)
@@ -294,6 +297,10 @@ def test_the_threshold_is_read_from_every_normal_row_when_asked_and_from_the_val
         thresholds[rows] = float(task.threshold)
         assert task.val_scores is val_scores  # the validation rows' scores either way
     assert thresholds["normal"] > 2 * thresholds["validation"]  # the loud train rows raise it
+    forecast = ForecastAnomalyDetector(**sizes, context_len=8, horizon=1, threshold_rows="normal")
+    assert (
+        forecast.hparams.threshold_rows == "normal"
+    )  # the forecast detector reads it too (it has no memory)
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------
@@ -418,6 +425,11 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         (
             {"threshold_rows": "normal", "score": "hybrid"},
             "threshold_rows='normal' with score=hybrid: the train",
+        ),
+        ({"threshold_rows": "normal", "score": "memory"}, "threshold_rows='normal' with score=memory"),
+        (
+            {"threshold_rows": "normal", "state_channels": ["target_0", "target_1"]},
+            "threshold_rows='normal' with a table of states and constants",
         ),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),

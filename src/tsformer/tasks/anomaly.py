@@ -161,14 +161,8 @@ class AnomalyScoring:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
         if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
             raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
-        threshold_rows = self.hparams.get("threshold_rows", "validation")
-        if threshold_rows not in THRESHOLD_ROWS:
-            raise ValueError(f"threshold_rows={threshold_rows!r}: one of {list(THRESHOLD_ROWS)}")
-        if threshold_rows == "normal" and score != "restoration":
-            raise ValueError(
-                f"threshold_rows='normal' with score={score}: the train rows' windows are in the memory of "
-                "normal windows (each its own neighbour), so their scores say nothing; use score=restoration"
-            )
+        if self.hparams.get("threshold_rows", "validation") not in THRESHOLD_ROWS:
+            raise ValueError(f"threshold_rows={self.hparams.threshold_rows!r}: one of {list(THRESHOLD_ROWS)}")
         try:  # a bad drift rule refused now, before any training
             DriftRule(**(self.hparams.get("threshold_drift") or {}))
         except (TypeError, ValueError) as err:
@@ -197,6 +191,14 @@ class AnomalyScoring:
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
         self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
+        if self.hparams.get("threshold_rows") == "normal" and "memory" in self.parts:
+            what = (
+                f"score={score}" if self.is_scored.any() else "a table of states and constants (the memory)"
+            )
+            raise ValueError(
+                f"threshold_rows='normal' with {what}: the train rows' windows are in the memory of normal "
+                "windows (each its own neighbour), so their scores say nothing; use threshold_rows=validation"
+            )
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
@@ -899,7 +901,8 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
-        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        threshold_rows: str = "validation",
+        val_score_median: float | None = None,  # the threshold rows' median score (set by `calibrate`)
         val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,
