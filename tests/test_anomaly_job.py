@@ -27,17 +27,16 @@ from tsformer.train import compose_config, run
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["enc_only_anomaly", "dec_only_anomaly"])
+@pytest.fixture(
+    scope="module", params=["enc_only_anomaly_plant", "dec_only_anomaly"]
+)  # the plant's threshold rows
 def trained(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)  # mlflow's artifacts land here
-        # the forecast detector at the validation rows' threshold: read from every normal row, the tiny network's
-        # is higher and the new plant below stays under 10x the target (`threshold_rows=normal` was measured masked)
-        rows = ["model.threshold_rows=validation"] if request.param == "dec_only_anomaly" else []
-        cfg = compose_config([*TINY_ANOMALY, f"model={request.param}", f"logger.mlflow.tracking_uri={uri}", "figures=true",
-                              *rows], folder / "out")  # fmt: skip
+        cfg = compose_config([*TINY_ANOMALY, f"model={request.param}", f"logger.mlflow.tracking_uri={uri}", "figures=true"],
+                             folder / "out")  # fmt: skip
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             result = run(cfg)
@@ -142,7 +141,7 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
     rows, events, _ = model.judge(table)
     detector = model.detector
     expected = report_lines(rows, events, model.false_alarm_rate, detector.state_names, detector.constant_names,
-                            known=detector.known_names)  # fmt: skip
+                            known=detector.known_names, threshold_rows=detector.hparams.threshold_rows)  # fmt: skip
     assert printed.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]
