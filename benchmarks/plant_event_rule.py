@@ -25,6 +25,24 @@ rows by a rule fixed before its count: `delay` 500 rows (the guard: longer than 
 drift fault) and `max_factor` 4 kept; `level` median or tail, `span` 100 or 300; the lowest alarm rate
 on the normal-period rows summed over the seeds, ties to the median, then to span 300 (the default).
 
+`--threshold-rows`: whether the threshold is read from the validation rows (the default) or from every
+normal row (`model.threshold_rows=normal`, issue 49's third attempt at the plant's far-from-faults rate),
+chosen on the same normal rows by a rule fixed before its count (commit before the measured plant run):
+
+- A forward check, as the threshold is used (read from earlier rows, judging later ones): at each cut c
+  of 1,400, 2,100 and 2,800 rows into every series' 3,500 normal rows, each seed's model's scores (the
+  normal period scored whole, as above) give a threshold at the model's rate (0.001) from the rows
+  before c of the plant's four series, `validation`: the last 20 % of them (rows 0.8c to c, as
+  `data.val_fraction` holds out the last 20 %), `normal`: all of them (rows 0 to c); each judges the
+  next 700 rows of every series (c to c + 700: the length of the validation stretch). No judged row,
+  fault or label is read.
+- The figure: the judged rows' alarm rate pooled over the 3 seeds and 3 cuts (25,200 rows), scored as
+  its distance from the target, |log(((alarms + 0.5) / rows) / 0.001)|: too many alarms and too few
+  (a threshold set so high that faint faults pass) both count.
+- The choice: `normal` is preferred when its distance is smaller than `validation`'s; a tie keeps
+  `validation`. It becomes `experiment=plant_anomaly`'s setting only if, beside that, the measured plant
+  run (3 seeds) finds no fewer faults with it than without (a veto, never a choice between settings).
+
 The tuning data's normal rows too (`--tuning DATA`; this part of the rule committed before its count):
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/plant_event_rule.py /tmp/plant_models --tuning ../shared/data/anomaly
@@ -57,7 +75,14 @@ from omegaconf import OmegaConf
 from tsformer.data.anomaly import series_rows
 from tsformer.data.plant_anomaly import simulate_plant_anomaly
 from tsformer.jobs.anomaly.judging import AnomalyModel
-from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of, true_runs
+from tsformer.tasks.alarms import (
+    DriftRule,
+    EventRule,
+    calibrate_threshold,
+    drifting_threshold,
+    events_of,
+    true_runs,
+)
 
 MIN_DURATION = (1, 2, 3, 5, 8)
 K_OF_N = ((1, 1), (2, 3), (3, 5), (4, 8))
@@ -97,6 +122,31 @@ def drift_choice(seeds: list[int], over: dict) -> None:
         counted.append((alarms / rows, level != "median", span != 300, rule))
         print(f"  {rule}: normal-period alarm rate {alarms / rows:.4f}")
     print(f"chosen: {min(counted, key=lambda c: c[:3])[-1]}")
+
+
+CUTS = (1400, 2100, 2800)  # rows into every series' normal period: the forward checks' cuts
+JUDGED_AFTER_CUT = 700  # rows judged after each cut: the validation stretch's length
+
+
+def threshold_rows_choice(seeds: list[int], over: dict, rate: float = 0.001) -> None:
+    """`model.threshold_rows` chosen on the normal rows by the forward check (the docstring's rule)."""
+    counted = {"validation": [0, 0], "normal": [0, 0]}  # alarms, judged rows
+    for seed, cut in itertools.product(seeds, CUTS):
+        read = {"validation": np.concatenate([o[round(0.8 * cut) : cut] for o in over[seed]]),
+                "normal": np.concatenate([o[:cut] for o in over[seed]])}  # fmt: skip
+        judged = np.concatenate([o[cut : cut + JUDGED_AFTER_CUT] for o in over[seed]])
+        line = []
+        for rows, scores in read.items():
+            alarms = int((judged > calibrate_threshold(scores, rate)).sum())
+            counted[rows][0] += alarms
+            counted[rows][1] += len(judged)
+            line.append(f"{rows} {alarms}/{len(judged)}")
+        print(f"  seed {seed}, cut {cut}: the next {JUDGED_AFTER_CUT} rows alarmed: {', '.join(line)}")
+    distance = {}
+    for rows, (alarms, n) in counted.items():
+        distance[rows] = abs(np.log((alarms + 0.5) / n / rate))
+        print(f"  {rows}: {alarms}/{n} = {alarms / n:.4f} (target {rate}), distance {distance[rows]:.3f}")
+    print(f"chosen: {'normal' if distance['normal'] < distance['validation'] else 'validation'}")
 
 
 def plant_normal(models: Path, seeds: list[int]) -> dict:
@@ -146,12 +196,18 @@ def main() -> None:
     parser.add_argument("models", help="the folder of plant_anomaly.py --keep (seed<S> model folders)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--drift", action="store_true", help="choose the drifting threshold's level and span")
+    parser.add_argument(
+        "--threshold-rows", action="store_true", help="choose the rows the threshold is read from"
+    )
     parser.add_argument("--tuning", type=Path, help="the anomaly data folder: msl_tuning, skab_tuning too")
     parser.add_argument("--tuning-seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
     over = plant_normal(Path(args.models), args.seeds)
     if args.drift:
         drift_choice(args.seeds, over)
+        return
+    if args.threshold_rows:
+        threshold_rows_choice(args.seeds, over)
         return
     sources = {"plant": [o for per in over.values() for o in per]}
     if args.tuning:

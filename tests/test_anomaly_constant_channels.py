@@ -89,7 +89,7 @@ def test_a_departure_of_one_unit_scores_as_the_validation_rows_99th_percentile_n
 def test_a_departure_of_a_constant_channel_scores_in_every_score_kind(plant, tmp_path, model):
     channels = ["ambient_temperature", "dynamic_temperature", "dynamic_pressure", "valve", "flag"]
     score = "model.score=hybrid" if model == "enc_only_anomaly" else "model.context_len=15"
-    detector = fit(plant, tmp_path, channels, f"model={model}", score)
+    detector = fit(plant, tmp_path, channels, f"model={model}", score, "model.threshold_rows=validation")
     assert detector.constant_names == ["flag"] and detector.state_names == ["valve"]
     scores = detector.score(plant.iloc[N_TRAIN:].reset_index(drop=True))
     dip = np.arange(len(plant))[DIP] - N_TRAIN
@@ -103,7 +103,14 @@ def test_a_departure_of_a_constant_channel_scores_in_every_score_kind(plant, tmp
 
 @pytest.mark.slow
 def test_a_table_of_states_and_constants_is_scored_and_its_folder_names_the_constants(plant, tmp_path):
-    detector = fit(plant, tmp_path / "run", ["valve", "flag"], "model.score=restoration")
+    # scored by the memory, which holds the train rows' windows: the validation rows' threshold
+    detector = fit(
+        plant,
+        tmp_path / "run",
+        ["valve", "flag"],
+        "model.score=restoration",
+        "model.threshold_rows=validation",
+    )
     assert isinstance(detector, MaskedAnomalyDetector) and detector.parts == ("memory",)  # nothing to restore
     judged = plant.iloc[N_TRAIN:].reset_index(drop=True)
     scores = detector.score(judged)

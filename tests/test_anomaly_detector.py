@@ -47,7 +47,10 @@ def fit(table: pd.DataFrame, folder, *overrides: str, label: str | None = None):
 
 @pytest.fixture(scope="module")
 def hybrid(plant, tmp_path_factory):
-    return fit(plant, tmp_path_factory.mktemp("hybrid"), "model.score=hybrid")
+    # a memory's scores of the train rows say nothing (their windows are in it): the validation rows' threshold
+    return fit(
+        plant, tmp_path_factory.mktemp("hybrid"), "model.score=hybrid", "model.threshold_rows=validation"
+    )
 
 
 # -- window scores back to rows ----------------------------------------------------------------------
@@ -97,6 +100,8 @@ def test_the_judged_rows_windows_of_the_test_loss_lie_side_by_side_the_normal_ro
     data.setup()
     assert data.n_windows("train") == 2 * (45 - 5 + 1) and data.n_windows("val") == 2 * (15 - 5 + 1)
     assert data.n_windows("test") == 2 * 8  # 40 judged rows a series: 8 windows of 5, none shared
+    # every normal row, each series whole and in its order (what `model.threshold_rows=normal` reads)
+    assert data.normal_rows["x"].tolist() == [*range(60), *range(100, 160)]
 
 
 # -- the trained detector ---------------------------------------------------------------------------
@@ -195,7 +200,7 @@ def test_labels_are_never_read_while_fitting(plant, tmp_path):
     labelled = plant.assign(label=0)
     labelled.loc[N_TRAIN + 50 : N_TRAIN + 80, "label"] = 1
     shuffled = labelled.assign(label=np.random.default_rng(0).permutation(labelled["label"].to_numpy()))
-    quick = ["model.score=memory", "trainer.limit_train_batches=2"]
+    quick = ["model.score=memory", "model.threshold_rows=validation", "trainer.limit_train_batches=2"]
     a = fit(labelled, tmp_path / "a", *quick, label="label")
     b = fit(shuffled, tmp_path / "b", *quick, label="label")
     table = plant.iloc[N_TRAIN:].reset_index(drop=True)
@@ -272,6 +277,30 @@ def test_score_auto_chooses_the_part_whose_normal_rows_are_most_concentrated_and
             len(task.memory.keys) == task.hparams.memory_windows == (60 + 40 - 2 * 7) * (chosen == "memory")
         )
         assert task.score(val).parts == {}  # one part: the chosen score alone
+
+
+def test_the_threshold_is_read_from_every_normal_row_when_asked_and_from_the_validation_rows_else():
+    sizes = {"net": {"d_model": 8, "n_heads": 2, "n_layers": 1}, "d_target": 3, "d_known": 0, "d_observed": 0}
+    rng = np.random.default_rng(0)
+    normal = pd.DataFrame(rng.normal(size=(300, 3)), columns=[f"target_{i}" for i in range(3)])
+    normal.iloc[40:60] *= 6.0  # a loud stretch among the train rows; the validation rows (the last 100) quiet
+    train, val = normal.iloc[:200], normal.iloc[200:]
+    thresholds = {}
+    for rows in ("validation", "normal"):
+        torch.manual_seed(0)  # the same untrained network both times
+        task = MaskedAnomalyDetector(**sizes, context_len=8, horizon=0, window_norm=False, interpolate_hidden=True,
+                                     threshold_rows=rows).eval()  # fmt: skip
+        val_scores = task.prepare_scoring(train, val, normal)
+        read_from = task.score(normal).score if rows == "normal" else val_scores
+        assert float(task.threshold) == pytest.approx(calibrate_threshold(read_from, 0.001))
+        assert task.hparams.val_score_median == pytest.approx(np.median(read_from))
+        thresholds[rows] = float(task.threshold)
+        assert task.val_scores is val_scores  # the validation rows' scores either way
+    assert thresholds["normal"] > 2 * thresholds["validation"]  # the loud train rows raise it
+    forecast = ForecastAnomalyDetector(**sizes, context_len=8, horizon=1, threshold_rows="normal")
+    assert (
+        forecast.hparams.threshold_rows == "normal"
+    )  # the forecast detector reads it too (it has no memory)
 
 
 # -- alarms, events, thresholds, settings ------------------------------------------------------------
@@ -392,6 +421,16 @@ def test_bad_tables_are_one_line_naming_the_column_or_row(plant):
         ({"monitor": "val/mse"}, "monitor='val/mse'"),
         ({"threshold_confidence": 1.5}, "threshold_confidence=1.5: a probability in (0, 1)"),
         ({"threshold_drift": {"delay": -1}}, "threshold_drift: span=300 >= 1, delay=-1 >= 0"),
+        ({"threshold_rows": "train"}, "threshold_rows='train': one of ['validation', 'normal']"),
+        (
+            {"threshold_rows": "normal", "score": "hybrid"},
+            "threshold_rows='normal' with score=hybrid: the train",
+        ),
+        ({"threshold_rows": "normal", "score": "memory"}, "threshold_rows='normal' with score=memory"),
+        (
+            {"threshold_rows": "normal", "state_channels": ["target_0", "target_1"]},
+            "threshold_rows='normal' with a table of states and constants",
+        ),
         ({"head": {"kind": "quantile"}}, "head=quantile: the forecast detector's head is Gaussian"),
         ({"score": "forecast"}, "score='forecast': MaskedAnomalyDetector scores by one of"),
         ({"stride": 9}, "stride=9: at most context_len (8)"),

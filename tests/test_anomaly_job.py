@@ -27,7 +27,9 @@ from tsformer.train import compose_config, run
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["enc_only_anomaly", "dec_only_anomaly"])
+@pytest.fixture(
+    scope="module", params=["enc_only_anomaly_plant", "dec_only_anomaly"]
+)  # the plant's threshold rows
 def trained(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     uri = f"sqlite:///{folder / 'mlflow.db'}"
@@ -139,7 +141,7 @@ def test_predict_py_scores_a_table_and_names_bad_input(trained, tmp_path, capsys
     rows, events, _ = model.judge(table)
     detector = model.detector
     expected = report_lines(rows, events, model.false_alarm_rate, detector.state_names, detector.constant_names,
-                            known=detector.known_names)  # fmt: skip
+                            known=detector.known_names, threshold_rows=detector.hparams.threshold_rows)  # fmt: skip
     assert printed.splitlines()[: len(expected)] == expected  # the same report as the run's summary
     scored = pd.read_csv(tmp_path / "scored.csv")
     expected = AnomalyModel.load(result.model_folder).judge(table)[0]

@@ -63,6 +63,9 @@ def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target(
     lines = report_lines(rows, events, 0.001, ["valve"])
     text = "\n".join(lines)
     assert lines[0].startswith("anomaly: 100 rows judged, 13 alarms in 3 events (threshold 1:")
+    assert lines[0].endswith("of the held-out normal rows score above it)")
+    normal = report_lines(rows, events, 0.001, ["valve"], threshold_rows="normal")[0]
+    assert normal.endswith("0.001 of the normal rows (the training rows too) score above it)")
     assert "state channels (0/1 in the train rows" in lines[1] and lines[1].endswith("valve")
     assert (
         "  #0 series pump: 2024-01-01 00:08:00 - 2024-01-01 00:14:00 (7 rows), flow, pressure; peak 5x"

@@ -225,6 +225,7 @@ class AnomalyData(L.LightningDataModule):
             str(k): v for k, v in (csv or {}).items()
         }  # a CSV source's read options, kept for predict.py
         self.tables: dict[str, pd.DataFrame] = {}
+        self.normal_rows: pd.DataFrame | None = None
         self.datasets: dict[str, AnomalyWindows] = {}
 
     @property
@@ -248,6 +249,7 @@ class AnomalyData(L.LightningDataModule):
         table = self.source if isinstance(self.source, pd.DataFrame) else load_table(self.source, **self.csv)
         check_labels(table, self.label_col)
         normal, judged = split_at(table, self.train_end, self.time_col)
+        self.normal_rows = normal  # every normal row in its order (`model.threshold_rows=normal`)
         self.set_tables(*split_normal_rows(normal, self.val_fraction, self.val_blocks), judged)
 
     def set_tables(self, train: pd.DataFrame, val: pd.DataFrame, test: pd.DataFrame) -> None:

@@ -81,6 +81,7 @@ HYBRID_PARTS = ("memory", "restoration")
 # a row's score: its covering windows' scores, its own part in them, or (issue 34's folders) each of its
 # values' raw errors over the covering windows, scaled after
 ROW_SCORES = ("window", "own", "value")
+THRESHOLD_ROWS = ("validation", "normal")  # the rows the threshold is read from (`threshold_rows`)
 CHUNK = 256  # windows per network call while scoring
 PROJECTION = 128  # dimensions of the random projection the coreset is chosen in
 
@@ -167,6 +168,8 @@ class AnomalyScoring:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
         if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
             raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
+        if self.hparams.get("threshold_rows", "validation") not in THRESHOLD_ROWS:
+            raise ValueError(f"threshold_rows={self.hparams.threshold_rows!r}: one of {list(THRESHOLD_ROWS)}")
         try:  # a bad drift rule refused now, before any training
             DriftRule(**(self.hparams.get("threshold_drift") or {}))
         except (TypeError, ValueError) as err:
@@ -195,6 +198,14 @@ class AnomalyScoring:
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
         self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
+        if self.hparams.get("threshold_rows") == "normal" and "memory" in self.parts:
+            what = (
+                f"score={score}" if self.is_scored.any() else "a table of states and constants (the memory)"
+            )
+            raise ValueError(
+                f"threshold_rows='normal' with {what}: the train rows' windows are in the memory of normal "
+                "windows (each its own neighbour), so their scores say nothing; use threshold_rows=validation"
+            )
         C = self.hparams.d_target
         self.register_buffer("channel_loc", torch.zeros(C, dtype=torch.float64))
         self.register_buffer("channel_scale", torch.ones(C, dtype=torch.float64))
@@ -365,17 +376,21 @@ class AnomalyScoring:
 
     # -- calibration ------------------------------------------------------------------------------
 
-    def prepare_scoring(self, train: pd.DataFrame, val: pd.DataFrame) -> np.ndarray:
+    def prepare_scoring(
+        self, train: pd.DataFrame, val: pd.DataFrame, normal: pd.DataFrame | None = None
+    ) -> np.ndarray:
         """What scoring needs from the normal rows once the network is trained: (the memory,) the
-        calibration on `val`; returns the validation rows' scores."""
-        return self.calibrate(val)
+        calibration on `val` (the threshold on `normal`, every normal row, with `threshold_rows=normal`);
+        returns the validation rows' scores."""
+        return self.calibrate(val, normal)
 
     def calibrate_errors(self, val: pd.DataFrame) -> None:
         """Each scored channel's usual error of each kind (`error_scale`) on the validation rows."""
 
-    def calibrate(self, val: pd.DataFrame) -> np.ndarray:
+    def calibrate(self, val: pd.DataFrame, normal: pd.DataFrame | None = None) -> np.ndarray:
         """The error scales, the hybrid's medians and the threshold from the held-out normal rows
-        `val`; returns their scores."""
+        `val`; returns their scores. With `threshold_rows=normal` and `normal` (every normal row, train
+        and validation rows in their order) given, the threshold is read from `normal`'s scores."""
         check_table(val, self.channels, max(self.window, self.window_length), "validation rows")
         self.calibrate_errors(val)
         parts = self.row_parts(val)
@@ -394,15 +409,19 @@ class AnomalyScoring:
             for name, values in scores.items()
         }
         self.val_scores = self.with_departures(combined, val).score
+        # `threshold_rows=normal`: read from the whole normal period, not its last stretch alone (which may be
+        # its quietest): rows like the judged ones, the network's training rows among them
+        by_normal = normal is not None and self.hparams.get("threshold_rows", "validation") == "normal"
+        threshold_scores = self.score(normal, "normal rows").score if by_normal else self.val_scores
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults
         confidence = self.hparams.get("threshold_confidence")
         rate = float(self.hparams.false_alarm_rate)
-        block = min(self.window_length, len(self.val_scores))
-        self.threshold.fill_(calibrate_threshold(self.val_scores, rate, confidence=confidence, block=block))
-        # what a drifting threshold scales by (its `level`: the median, or the tail)
-        self.hparams.val_score_median = float(np.median(self.val_scores))
-        self.hparams.val_score_tail = float(DriftRule(level="tail").of(self.val_scores))
+        block = min(self.window_length, len(threshold_scores))
+        self.threshold.fill_(calibrate_threshold(threshold_scores, rate, confidence=confidence, block=block))
+        # what a drifting threshold scales by (its `level`: the median, or the tail), of the same rows
+        self.hparams.val_score_median = float(np.median(threshold_scores))
+        self.hparams.val_score_tail = float(DriftRule(level="tail").of(threshold_scores))
         return self.val_scores
 
     def scaled_errors(self, raw: np.ndarray) -> np.ndarray:
@@ -417,8 +436,9 @@ class AnomalyScoring:
         raise NotImplementedError
 
     def on_test_start(self) -> None:
-        tables = self.trainer.datamodule.tables
-        self.prepare_scoring(tables["train"], tables["val"])
+        datamodule = self.trainer.datamodule
+        tables = datamodule.tables
+        self.prepare_scoring(tables["train"], tables["val"], datamodule.normal_rows)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         B = batch["hist_target"].shape[0]
@@ -500,7 +520,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
-        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        threshold_rows: str = "validation",
+        val_score_median: float | None = None,  # the threshold rows' median score (set by `calibrate`)
         val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
@@ -651,12 +672,14 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         self.memory.replace(keys.clone(), torch.cat(rows).to(self.device), starts.to(self.device))
         self.hparams.memory_windows, self.hparams.memory_rows = len(keys), offset
 
-    def prepare_scoring(self, train: pd.DataFrame, val: pd.DataFrame) -> np.ndarray:
+    def prepare_scoring(
+        self, train: pd.DataFrame, val: pd.DataFrame, normal: pd.DataFrame | None = None
+    ) -> np.ndarray:
         """The memory of the train rows' windows, the calibration on `val` (their distances to it), then
         the validation windows added to the memory."""
         if "memory" in self.parts:
             self.build_memory([train])
-        val_scores = self.calibrate(val)
+        val_scores = self.calibrate(val, normal)
         if "memory" in self.parts:
             self.build_memory([train, val])
         elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
@@ -885,7 +908,8 @@ class ForecastAnomalyDetector(AnomalyScoring, DecoderOnlyForecaster):
         false_alarm_rate: float = 0.001,
         threshold_confidence: float | None = None,
         threshold_drift: dict | None = None,
-        val_score_median: float | None = None,  # the validation rows' median score (set by `calibrate`)
+        threshold_rows: str = "validation",
+        val_score_median: float | None = None,  # the threshold rows' median score (set by `calibrate`)
         val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         events: dict | None = None,

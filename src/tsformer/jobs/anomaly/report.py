@@ -163,13 +163,18 @@ def report_lines(
     constants: list[str] = (),
     recalibrated_on: str | None = None,
     known: list[str] = (),
+    threshold_rows: str = "validation",
 ) -> list[str]:
-    """The lines an engineer reads of a judged table (module docstring)."""
+    """The lines an engineer reads of a judged table (module docstring); `threshold_rows` the rows the
+    threshold was read from (`model.threshold_rows`)."""
     threshold = float(rows["threshold"].iloc[0]) if len(rows) else float("nan")
     alarms = int(rows["alarm"].sum())
     head = f"anomaly: {len(rows)} rows judged, {alarms} alarms in {len(events)} events"
+    read_from = (
+        "normal rows (the training rows too)" if threshold_rows == "normal" else "held-out normal rows"
+    )
     lines = [
-        f"{head} (threshold {threshold:.4g}: {target_rate:g} of the held-out normal rows score above it)",
+        f"{head} (threshold {threshold:.4g}: {target_rate:g} of the {read_from} score above it)",
         "state channels (0/1 in the train rows: entered as they are, not restored nor forecast): "
         + (", ".join(states) if states else "none"),
     ]
