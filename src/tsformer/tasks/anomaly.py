@@ -168,8 +168,8 @@ class AnomalyScoring:
             raise ValueError(f"false_alarm_rate={false_alarm_rate}: a share of normal rows, in (0, 1)")
         if threshold_confidence is not None and not 0.0 < float(threshold_confidence) < 1.0:
             raise ValueError(f"threshold_confidence={threshold_confidence}: a probability in (0, 1), or null")
-        if self.hparams.get("threshold_rows", "validation") not in THRESHOLD_ROWS:
-            raise ValueError(f"threshold_rows={self.hparams.threshold_rows!r}: one of {list(THRESHOLD_ROWS)}")
+        if self.threshold_rows not in THRESHOLD_ROWS:
+            raise ValueError(f"threshold_rows={self.threshold_rows!r}: one of {list(THRESHOLD_ROWS)}")
         try:  # a bad drift rule refused now, before any training
             DriftRule(**(self.hparams.get("threshold_drift") or {}))
         except (TypeError, ValueError) as err:
@@ -198,7 +198,7 @@ class AnomalyScoring:
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
         self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
-        if self.hparams.get("threshold_rows") == "normal" and "memory" in self.parts:
+        if self.threshold_rows == "normal" and "memory" in self.parts:
             what = (
                 f"score={score}" if self.is_scored.any() else "a table of states and constants (the memory)"
             )
@@ -374,6 +374,11 @@ class AnomalyScoring:
             part_scores[name] = score
         return Scores(total.sum(axis=1), total, self.channels, part_scores)
 
+    @property
+    def threshold_rows(self) -> str:
+        """`model.threshold_rows`: the rows the threshold is read from (folders written before it: validation)."""
+        return self.hparams.get("threshold_rows", "validation")
+
     # -- calibration ------------------------------------------------------------------------------
 
     def prepare_scoring(
@@ -411,7 +416,7 @@ class AnomalyScoring:
         self.val_scores = self.with_departures(combined, val).score
         # `threshold_rows=normal`: read from the whole normal period, not its last stretch alone (which may be
         # its quietest): rows like the judged ones, the network's training rows among them
-        by_normal = normal is not None and self.hparams.get("threshold_rows", "validation") == "normal"
+        by_normal = normal is not None and self.threshold_rows == "normal"
         threshold_scores = self.score(normal, "normal rows").score if by_normal else self.val_scores
         # with `threshold_confidence`, the estimate's upper bound over blocks of one window (scores of
         # neighbouring rows share windows): fewer false alarms, at the cost of faint faults

@@ -89,7 +89,7 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
         details={"events": events, "events_path": events_path, "scores": scores, "baselines": compared,
                  "report": report_lines(rows, events, model.false_alarm_rate, task.state_names,
                                            task.constant_names, known=task.known_names,
-                                           threshold_rows=task.hparams.get("threshold_rows", "validation"))},
+                                           threshold_rows=task.threshold_rows)},
     )  # fmt: skip
 
 
@@ -230,7 +230,7 @@ def report(model: AnomalyModel, rows: pd.DataFrame, written: list[Path]) -> str:
     lines = report_lines(
         rows, events, model.false_alarm_rate, model.detector.state_names, model.detector.constant_names,
         recalibrated_on=rows.attrs.get("recalibrated"), known=model.detector.known_names,
-        threshold_rows=model.detector.hparams.get("threshold_rows", "validation"),
+        threshold_rows=model.detector.threshold_rows,
     )  # fmt: skip
     return "\n".join([*lines, *(f"written: {path}" for path in written)])
 
