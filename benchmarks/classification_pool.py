@@ -154,9 +154,9 @@ def append(rows_file: Path, row: dict) -> None:
 def measure(args, sets: list[str], seeds: list[int]) -> None:
     done = done_keys(args.rows)
     if args.stage == "test" and args.recipe is None:
-        sys.exit(
-            "error: --stage test: no validation rows to choose the recipe from; run --stage validate or give --recipe"
-        )
+        print("error: --stage test: no validation rows to choose the recipe from; run --stage validate or give --recipe",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     methods = list(CANDIDATES) if args.stage == "validate" else [args.recipe]
     for name in sets:
         for seed in seeds:
@@ -357,17 +357,13 @@ def main() -> None:
     args = parser.parse_args()
     every = pool_sets(args.pool)
     if not every:
-        sys.exit(
-            f"error: --pool {args.pool}: no <name>/<name>_TRAIN.ts there; pass the folder of the 45 sets"
-        )
+        parser.error(f"--pool {args.pool}: no <name>/<name>_TRAIN.ts there; pass the folder of the 45 sets")
     sets = every if args.sets is None else [s for s in args.sets.split(",") if s]
-    unknown = [s for s in sets if s not in every]
-    if unknown:
-        sys.exit(f"error: --sets: {', '.join(unknown)} not in the pool ({args.pool})")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        sys.exit(f"error: --seeds={args.seeds!r}: comma-separated integers, e.g. 0,1,2")
+    if unknown := [s for s in sets if s not in every]:
+        parser.error(f"--sets: {', '.join(unknown)} not in the pool ({args.pool})")
+    if not all(s.strip().lstrip("-").isdigit() for s in args.seeds.split(",") if s):
+        parser.error(f"--seeds={args.seeds!r}: comma-separated integers, e.g. 0,1,2")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.recipe is None:
         args.recipe = chosen_recipe(args.rows)
     if args.stage and not args.report:
