@@ -187,8 +187,8 @@ def measure(args, sets: list[str], seeds: list[int]) -> None:
 
 def mean_ranks(acc: pd.DataFrame) -> pd.DataFrame:
     """Per set (rows) the rank of each method (columns): 1 best, ties averaged (aeon's convention)."""
-    ranks = acc.apply(lambda row: pd.Series(rankdata(-row.to_numpy()), index=row.index), axis=1)
-    return ranks
+    # rounded: float32 accuracies of equal counts must tie
+    return acc.apply(lambda row: pd.Series(rankdata(-row.round(6).to_numpy()), index=row.index), axis=1)
 
 
 def validation_section(rows: pd.DataFrame) -> list[str]:
@@ -247,6 +247,7 @@ def test_section(rows: pd.DataFrame, published: pd.DataFrame, recipe: str, sets:
         acc["MiniRocket-measured"] = peer.groupby("set").accuracy.mean()
     for p in PUBLISHED if len(published) else []:
         acc[f"{p}-published"] = published.set_index("dataset")[f"{p}_split0"]
+    acc = acc.round(6)  # float32 accuracies: equal counts must tie
     ranks = mean_ranks(acc)
     seeds = ours.groupby("set").accuracy.apply(lambda a: ", ".join(f"{v:.4f}" for v in a))
     ece = ours.groupby("set").ece.mean()
