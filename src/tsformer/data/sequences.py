@@ -10,6 +10,8 @@ Two layouts a user has, two LightningDataModules with one interface (`Classifica
   and pooling. Train and test come from two files (`test`: the archive's split), or the test series
   are a stratified `test_fraction` of the train file; the validation series are a stratified
   `val_fraction` of the train series (seeded). Every val/test series is a sample: none is dropped.
+  The archive's own `.ts` files are read as well (`tsformer.data.ts_format`: `data.train=X_TRAIN.ts`,
+  or `archive=<folder>` and `name=<set>` for `<folder>/<set>/<set>_TRAIN.ts` and `_TEST.ts`).
 - `StreamDataModule`, a labelled stream: one long series (or several) with a label on every step
   (operating phase, fault code). Each window of `context_len` steps is a sample labelled by its
   LAST step (the state the plant is in when the window is classified). The table is validated, split
@@ -42,6 +44,7 @@ from tsformer.data.datamodule import SPLITS, EvalShard, TimeSeriesDataModule
 from tsformer.data.features import Affine, check_scaler
 from tsformer.data.schema import DataValidationError, describe_row, plain
 from tsformer.data.sources import find_first, load_table, shared_data_folders
+from tsformer.data.ts_format import archive_ts_file, read_ts
 from tsformer.settings import SettingError
 
 log = logging.getLogger(__name__)
@@ -315,10 +318,11 @@ class SequenceDataModule(ClassificationData):
 
     def __init__(
         self,
-        train,
+        train=None,
         test=None,
         *,
         name: str = "sequences",
+        archive=None,
         series_col: str = "series_id",
         step_col: str = "step",
         label_col: str = "label",
@@ -338,6 +342,14 @@ class SequenceDataModule(ClassificationData):
         super().__init__(
             name, batch_size, eval_batch_size, seed, num_workers, class_order, label_fraction, pretraining
         )
+        if archive is not None:  # the archive's layout: <archive>/<name>/<name>_TRAIN.ts, _TEST.ts
+            train = archive_ts_file(archive, name, "TRAIN") if train is None else train
+            test = archive_ts_file(archive, name, "TEST") if test is None else test
+        if train is None:
+            raise SettingError(
+                "data=sequences: no training series; give data.train=<file> (a long CSV/Parquet table or "
+                "an archive .ts file), or data.archive=<folder> data.name=<set> for <folder>/<set>/<set>_TRAIN.ts"
+            )
         self.train_source, self.test_source = train, test
         self.series_col, self.step_col, self.label_col = series_col, step_col, label_col
         self.channel_cols = None if channel_cols is None else [str(c) for c in channel_cols]
@@ -351,12 +363,41 @@ class SequenceDataModule(ClassificationData):
 
     def read(self, source_or_table, source: str) -> dict:
         """The series of a file or table; the first one read (train) fixes the channels when
-        `channel_cols` is None: its columns without another role."""
+        `channel_cols` is None: its columns without another role (a .ts file's: ch0, ch1, ...)."""
+        if _is_ts(source_or_table):
+            return self.read_ts(source_or_table, source)
         table = _table(source_or_table, self.csv)
         if not self.channel_names:
             keys = (self.series_col, self.step_col, self.label_col)
             self.channel_names = self.channel_cols or [str(c) for c in table.columns if c not in keys]
         return read_sequences(table, source, self.columns)
+
+    def read_ts(self, path, source: str) -> dict:
+        """The series of an archive `.ts` file (`tsformer.data.ts_format`), as `read` gives a table's:
+        series ids 0, 1, ... in file order, channels ch0, ch1, ... (the long-table copies' names)."""
+        ts = read_ts(path)
+        if ts.labels is None:
+            raise DataValidationError(
+                f"{source}: @classLabel false: the series have no class labels to learn"
+            )
+        names = [f"ch{d}" for d in range(ts.n_dims)]
+        if not self.channel_names:
+            self.channel_names = self.channel_cols or names
+        unknown = [c for c in self.channel_names if c not in names]
+        if unknown:
+            raise DataValidationError(
+                f"{source}: channel(s) {unknown} not in the file's {ts.n_dims} dimension(s) {names} "
+                "(data.channel_cols)"
+            )
+        keep = [names.index(c) for c in self.channel_names]
+        if ts.class_labels:
+            log.info("%s: the header's classes %s", source, ts.class_labels)
+        return {
+            "ids": np.arange(len(ts.x)).astype(object),
+            "x": [x[:, keep] for x in ts.x],
+            "labels": ts.labels,
+            "steps": ts.steps,
+        }
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -516,6 +557,10 @@ class _WindowViews(Sequence):
 
 def _source_name(source, name: str) -> str:
     return f"{name} (in-memory table)" if isinstance(source, pd.DataFrame) else str(source)
+
+
+def _is_ts(source) -> bool:
+    return not isinstance(source, pd.DataFrame) and str(source).lower().endswith(".ts")
 
 
 def _table(source, csv: dict) -> pd.DataFrame:
