@@ -54,6 +54,7 @@ from tsformer.models import (
 from tsformer.models.linear import PENALTIES
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
 from tsformer.tasks.baselines import LinearForecast, window_batches
+from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -187,15 +188,42 @@ class EncoderForecaster(_Forecaster):
     target does (`fut_linear`: RevIN-normalised, split by channel), so the sum is exactly the linear
     forecast while the Transformer's output layer, which starts at zero, adds nothing: training starts
     from the linear forecast, the Transformer learns what it misses, the linear weights train too
-    (`linear_path_frozen`: they stay as solved). Point head only."""
+    (`linear_path_frozen`: they stay as solved). Point head only.
+
+    `linear_gate` (global | step | channel; none: off): after training, the share of the forecast's
+    departure from the closed-form linear forecaster (the run's `linear` baseline: the solved weights,
+    kept apart as `linear_reference` however the linear path trained) is chosen on the validation
+    windows (`tasks/linear_gate.py`), and saved with the weights (`linear_gate_share`); a share of 0
+    gives exactly the linear forecaster's forecast."""
 
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
     teacher_forced_is_forecast = True  # one pass of the network, no teacher forcing
 
-    def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
+    def __init__(
+        self,
+        *args,
+        linear_path: bool = False,
+        linear_path_frozen: bool = False,
+        linear_gate: str = "none",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.linear_path = None
+        self.linear_reference = None
+        self.gate_report: dict[str, float] = {}
+        if linear_gate not in GATES:
+            raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
+        if linear_gate != "none":
+            if self.head.probabilistic:
+                raise ValueError(
+                    f"model.linear_gate takes the point head (head=point), not head={self.head.kind}"
+                )
+            hp = self.hparams
+            self.linear_reference = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
+            # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
+            self.register_buffer("linear_gate_share", torch.ones(hp.horizon, hp.d_target))  # (M, Dy)
+            self.register_buffer("linear_gate_fitted", torch.tensor(False))
         if linear_path:
             if self.head.probabilistic:
                 raise ValueError(
@@ -213,10 +241,53 @@ class EncoderForecaster(_Forecaster):
             self.linear_path is not None and self.linear_path.penalty.isnan()
         ):  # not solved yet (resumed: kept)
             self.fit_linear_path(self.trainer.datamodule)
+        if self.linear_reference is not None and self.linear_reference.penalty.isnan():
+            if self.linear_path is not None:  # the same solve: its solved weights, before any training
+                self.linear_reference.load_state_dict(self.linear_path.state_dict())
+            else:
+                dm = self.trainer.datamodule
+                self.linear_reference.fit(
+                    window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+                )
 
     def fit_linear_path(self, dm) -> None:
         """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
         self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+
+    @property
+    def gated(self) -> bool:
+        """Whether forecasts are gated: a gate configured and chosen on validation windows."""
+        return self.linear_reference is not None and bool(self.linear_gate_fitted)
+
+    @torch.no_grad()
+    def fit_linear_gate(self, dm) -> dict[str, float]:
+        """Choose the gate's share on `dm`'s validation windows with the weights as they are now (the
+        test's: the best checkpoint); returns its figures (`gate/*`), also kept in `gate_report`."""
+        val = dm.datasets["val"]
+        sums = GateSums(len(val), self.hparams.horizon, self.hparams.d_target)
+        self.linear_gate_fitted.fill_(False)
+        for batch in window_batches(val):
+            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+            sums.add(batch["fut_target"], linear, self.forecast(batch), valid_steps(batch, "fut"))
+        form = self.hparams.linear_gate
+        share, self.gate_report = fit_gate(sums, form)
+        for other in GATES[1:]:  # what the other forms would give, for choosing a form on validation
+            figures = self.gate_report if other == form else fit_gate(sums, other)[1]
+            self.gate_report[f"gate/val_mse_{other}"] = figures["gate/val_mse_gated"]
+        self.linear_gate_share.copy_(share)
+        self.linear_gate_fitted.fill_(True)
+        return self.gate_report
+
+    def on_test_start(self) -> None:
+        if self.linear_reference is not None and not self.gated:  # chosen once (a model folder keeps it)
+            self.fit_linear_gate(self.trainer.datamodule)
+        super().on_test_start()
+
+    def on_test_epoch_end(self) -> None:
+        if self.gate_report:
+            self.log_dict(self.gate_report)
+        super().on_test_epoch_end()
 
     def _with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast."""
@@ -227,7 +298,11 @@ class EncoderForecaster(_Forecaster):
         }  # (B, M, Dy)
 
     def forecast(self, batch: dict) -> torch.Tensor:
-        return super().forecast(self._with_linear_path(batch))
+        out = super().forecast(self._with_linear_path(batch))  # (B, M, Dy)
+        if not self.gated:
+            return out
+        linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+        return linear + self.linear_gate_share.to(out.dtype) * (out - linear)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         return super().training_loss(self._with_linear_path(batch))
