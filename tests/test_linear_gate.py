@@ -123,6 +123,9 @@ def test_with_a_nonlinear_component_the_gate_keeps_the_correction(tmp_path):
     assert 0.0 < m["gate/mean_share"] <= 1.0
     assert m["gate/val_mse_gated"] < 0.9 * m["gate/val_mse_linear"]
     assert m["test/mse"] < m["test/linear_mse"]
+    # every form scored on the test windows beside the configured one (global), and the model ungated
+    assert m["test/gate_global_mse"] == pytest.approx(m["test/mse"], rel=1e-5)
+    assert {"test/gate_step_mse", "test/gate_channel_mse", "test/gate_ungated_mse"} <= set(m)
     # the gated forecast is linear + share x (model - linear), the linear forecaster's solved weights
     batch = next(iter(window_batches(trained.datamodule.datasets["val"])))
     with torch.no_grad():

@@ -212,6 +212,11 @@ class EncoderForecaster(_Forecaster):
         self.linear_path = None
         self.linear_reference = None
         self.gate_report: dict[str, float] = {}
+        # after a gate's fit in this process: each form's share (and the model's own, 1), scored on the
+        # test windows beside the configured one (test/gate_<form>_mse), to choose a form on validation
+        self.form_shares: dict[str, torch.Tensor] = {}
+        self._form_errors: dict[str, list[float]] = {}
+        self._ungated: tuple[torch.Tensor, torch.Tensor] | None = None
         if linear_gate not in GATES:
             raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
         if linear_gate != "none":
@@ -272,9 +277,11 @@ class EncoderForecaster(_Forecaster):
             sums.add(batch["fut_target"], linear, self.forecast(batch), valid_steps(batch, "fut"))
         form = self.hparams.linear_gate
         share, self.gate_report = fit_gate(sums, form)
+        self.form_shares = {"ungated": torch.ones_like(share)}
         for other in GATES[1:]:  # what the other forms would give, for choosing a form on validation
-            figures = self.gate_report if other == form else fit_gate(sums, other)[1]
+            other_share, figures = (share, self.gate_report) if other == form else fit_gate(sums, other)
             self.gate_report[f"gate/val_mse_{other}"] = figures["gate/val_mse_gated"]
+            self.form_shares[other] = other_share
         self.linear_gate_share.copy_(share)
         self.linear_gate_fitted.fill_(True)
         return self.gate_report
@@ -284,9 +291,26 @@ class EncoderForecaster(_Forecaster):
             self.fit_linear_gate(self.trainer.datamodule)
         super().on_test_start()
 
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._ungated = None
+        super().test_step(batch, batch_idx)
+        if self._ungated is None or not self.form_shares:
+            return
+        out, linear = self._ungated  # (B, M, Dy), kept by `forecast`
+        true, valid = self.true_target(batch), self.target_valid(batch)
+        for form, share in self.form_shares.items():
+            error = (linear + share.to(out) * (out - linear) - true)[valid]  # (n valid steps, Dy)
+            sums = self._form_errors.setdefault(form, [0.0, 0])
+            sums[0] += float(error.double().square().sum())
+            sums[1] += error.numel()
+        self._ungated = None
+
     def on_test_epoch_end(self) -> None:
-        if self.gate_report:
-            self.log_dict(self.gate_report)
+        figures = dict(self.gate_report)
+        figures |= {f"test/gate_{form}_mse": sse / max(n, 1) for form, (sse, n) in self._form_errors.items()}
+        self._form_errors = {}
+        if figures:
+            self.log_dict(figures)
         super().on_test_epoch_end()
 
     def _with_linear_path(self, batch: dict) -> dict:
@@ -302,6 +326,8 @@ class EncoderForecaster(_Forecaster):
         if not self.gated:
             return out
         linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+        if self.form_shares and not self.training:  # the test scores the other forms too (test_step)
+            self._ungated = (out, linear)
         return linear + self.linear_gate_share.to(out.dtype) * (out - linear)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
