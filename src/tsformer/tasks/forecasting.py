@@ -52,6 +52,7 @@ from tsformer.models import (
     LinearConfig,
 )
 from tsformer.models.linear import PENALTIES
+from tsformer.nn.channel_mixing import ChannelMixing
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
 from tsformer.tasks.baselines import LinearForecast, window_batches
 from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
@@ -194,7 +195,11 @@ class EncoderForecaster(_Forecaster):
     departure from the closed-form linear forecaster (the run's `linear` baseline: the solved weights,
     kept apart as `linear_reference` however the linear path trained) is chosen on the validation
     windows (`tasks/linear_gate.py`), and saved with the weights (`linear_gate_share`); a share of 0
-    gives exactly the linear forecaster's forecast."""
+    gives exactly the linear forecaster's forecast.
+
+    `channel_mixing`: a path across the target channels (`nn/channel_mixing.py`, iTransformer-like)
+    whose correction is added to the linear forecast the Transformer starts from; it starts at zero
+    and trains with the rest (the gate weighs the whole departure from the linear forecaster)."""
 
     family = "enc_only_forecast"
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
@@ -206,10 +211,18 @@ class EncoderForecaster(_Forecaster):
         linear_path: bool = False,
         linear_path_frozen: bool = False,
         linear_gate: str = "none",
+        channel_mixing: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.linear_path = None
+        self.channel_mixing = None
+        if channel_mixing:
+            if self.head.probabilistic:
+                raise ValueError(
+                    f"model.channel_mixing takes the point head (head=point), not head={self.head.kind}"
+                )
+            self.channel_mixing = ChannelMixing(self.hparams.context_len, self.hparams.horizon)
         self.linear_reference = None
         self.gate_report: dict[str, float] = {}
         # after a gate's fit in this process: each form's share (and the model's own, 1), scored on the
@@ -314,12 +327,14 @@ class EncoderForecaster(_Forecaster):
         super().on_test_epoch_end()
 
     def _with_linear_path(self, batch: dict) -> dict:
-        """A batch as it comes from the data (static features appended) with its linear forecast."""
-        if self.linear_path is None:
-            return batch
-        return batch | {
-            "fut_linear": self.linear_path(batch["hist_target"], batch["fut_known"])
-        }  # (B, M, Dy)
+        """A batch as it comes from the data (static features appended) with its linear forecast, plus
+        the cross-channel path's correction (`channel_mixing`): what the Transformer adds to."""
+        parts = []
+        if self.linear_path is not None:
+            parts.append(self.linear_path(batch["hist_target"], batch["fut_known"]))  # (B, M, Dy)
+        if self.channel_mixing is not None:
+            parts.append(self.channel_mixing(batch["hist_target"]))  # (B, M, Dy)
+        return batch | {"fut_linear": sum(parts[1:], parts[0])} if parts else batch
 
     def forecast(self, batch: dict) -> torch.Tensor:
         out = super().forecast(self._with_linear_path(batch))  # (B, M, Dy)
