@@ -255,15 +255,16 @@ class EncoderForecaster(_Forecaster):
             torch.nn.init.zeros_(self.net.head.bias)
 
     def on_fit_start(self) -> None:
-        if (
-            self.linear_path is not None and self.linear_path.penalty.isnan()
-        ):  # not solved yet (resumed: kept)
-            self.fit_linear_path(self.trainer.datamodule)
-        if self.linear_reference is not None and self.linear_reference.penalty.isnan():
-            if self.linear_path is not None:  # the same solve: its solved weights, before any training
+        dm = self.trainer.datamodule
+        solved = self.linear_path is not None and bool(self.linear_path.penalty.isnan())
+        if solved:  # not solved yet (resumed, or started from a model folder: kept)
+            self.fit_linear_path(dm)
+        if self.linear_reference is not None and self.trainer.ckpt_path is None:  # not resumed
+            # this run's own linear forecaster (weights from a model folder are not), chosen again after the fit
+            self.linear_gate_fitted.fill_(False)
+            if solved:  # the same solve: its solved weights, before any training
                 self.linear_reference.load_state_dict(self.linear_path.state_dict())
             else:
-                dm = self.trainer.datamodule
                 self.linear_reference.fit(
                     window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
                 )
