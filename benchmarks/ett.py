@@ -7,6 +7,8 @@
         --results /tmp/RESULTS.md                             # tiny settings: checks the script runs
     python benchmarks/ett.py --throughput                     # training windows/s and memory, as ratios
     python benchmarks/ett.py --throughput --throughput-profile 8   # and where each network step's time goes
+    python benchmarks/ett.py --models tsformer-recipe --epochs 2 --datasets Exchange --lookbacks 96 \
+        --horizons 96,192,336,720                             # the forecast pool's sets (issue 56): Exchange, ILI
 
 Protocol (conf/data/ett.yaml, README "ETT benchmark data"): all 7 channels in and out, StandardScaler
 fitted on the train rows [0, 8640) (ETTm x4), every test window (stride 1: 2880 - H + 1 rolling origins
