@@ -4,6 +4,9 @@ run's own linear forecaster's."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -97,6 +100,18 @@ def test_on_noise_the_gated_forecast_is_the_linear_forecaster_s(in_tmp):
     # the model folder keeps the share: predict.py, serve and pyfunc forecast as the run's test did
     task = load_model(result.model_folder).task
     assert task.gated and torch.equal(task.linear_gate_share, torch.zeros(4, 2))
+    # a folder written before the gate (no setting, no gate weights) loads as it did: not gated
+    older = in_tmp / "older"
+    shutil.copytree(result.model_folder, older)
+    config = json.loads((older / "tsformer.json").read_text())
+    del config["hparams"]["linear_gate"], config["hparams"]["channel_mixing"]
+    (older / "tsformer.json").write_text(json.dumps(config))
+    weights = torch.load(older / "weights.pt", weights_only=True)
+    kept = {k: v for k, v in weights.items() if not k.startswith(("linear_gate", "linear_reference"))}
+    assert len(kept) < len(weights)
+    torch.save(kept, older / "weights.pt")
+    old_task = load_model(older).task
+    assert old_task.linear_reference is None and not old_task.gated
     # switched off, the same training gives the model's own forecast, not the linear one
     ungated = fit_task(
         compose_config(gate_overrides(path, "none", 2, "trainer.limit_train_batches=20"), in_tmp / "u")
