@@ -65,7 +65,7 @@ def gate_tables(paths: list[Path]) -> None:
         return f"{statistics.stdev(float(s[column]) for s in seeds):.4f}" if len(seeds) > 1 else "-"
 
     print(
-        "| dataset | L | H | seeds | linear (same run) | ungated | global | step | channel | sd (channel) "
+        "| dataset | L | H | seeds | linear (same run) | ungated | global | step | channel | sd (global / step / channel) "
         "| share kept (configured form) | val: linear | val: ungated | val: global | val: step | val: channel "
         "| train s a seed |"
     )
@@ -77,7 +77,7 @@ def gate_tables(paths: list[Path]) -> None:
         seconds = ", ".join(f"{s['train_s']:.0f}" for s in seeds)
         print(
             f"| {key[1]} | {key[2]} | {key[3]} | {', '.join(s['seed'] for s in seeds)} "
-            f"| {mean(seeds, 'linear_mse_same_run'):.4f} | {tests} | {sd(seeds, 'gate_test_channel')} "
+            f"| {mean(seeds, 'linear_mse_same_run'):.4f} | {tests} | {' / '.join(sd(seeds, f'gate_test_{f}') for f in FORMS)} "
             f"| {mean(seeds, 'gate_share'):.3f} | {vals} | {seconds} |"
         )
     first = [s for _, seeds in ordered for s in seeds if s["seed"] == "0"]
