@@ -7,6 +7,8 @@
         --results /tmp/RESULTS.md                             # tiny settings: checks the script runs
     python benchmarks/ett.py --throughput                     # training windows/s and memory, as ratios
     python benchmarks/ett.py --throughput --throughput-profile 8   # and where each network step's time goes
+    python benchmarks/ett.py --models tsformer-recipe --epochs 2 --datasets Exchange --lookbacks 96 \
+        --horizons 96,192,336,720                             # the forecast pool's sets (issue 56): Exchange, ILI
 
 Protocol (conf/data/ett.yaml, README "ETT benchmark data"): all 7 channels in and out, StandardScaler
 fitted on the train rows [0, 8640) (ETTm x4), every test window (stride 1: 2880 - H + 1 rolling origins
@@ -95,6 +97,17 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from tsformer.data.ett import STEPS_PER_HOUR
+from tsformer.data.forecast_pool import protocol_split_rows
+
+# the forecast pool's sets (conf/data/exchange.yaml, ili.yaml; issue 56) as datasets of this script: their
+# data config and their rows (the split: forecast_pool.protocol_split_rows); ETT files are data.name=...
+POOL = {"Exchange": ("data=exchange", 7588), "ILI": ("data=ili", 966)}
+
+
+def data_overrides(dataset: str) -> list[str]:
+    """The train.py overrides that read `dataset` (after experiment=ett or one built on it)."""
+    return [POOL[dataset][0]] if dataset in POOL else [f"data.name={dataset}"]
+
 
 EXPERIMENT = "ett-benchmark"
 BATCH = 32  # the literature's batch (conf/experiment/ett.yaml)
@@ -180,6 +193,20 @@ DETAIL_COLUMNS = [
     "best_val_mse",
     "mse_drop_last_128",
     "mlflow_run_id",
+    # with model.linear_gate (the recipe, issue 56): the validation MSE of the same-run linear forecaster,
+    # of the model ungated and gated, the mean share kept, and what each gate form would have given
+    "gate_val_linear",
+    "gate_val_model",
+    "gate_val_gated",
+    "gate_share",
+    "gate_val_global",
+    "gate_val_step",
+    "gate_val_channel",
+    # and on the test windows (reported beside the form the validation figures choose, never choosing)
+    "gate_test_ungated",
+    "gate_test_global",
+    "gate_test_step",
+    "gate_test_channel",
 ]
 # PatchTST's public code (PatchTST_supervised/data_provider/data_factory.py, inherited from Informer and
 # Autoformer) builds its TEST loader with drop_last=True and the script's batch size, 128 in its ETT
@@ -197,7 +224,11 @@ def drop_last_mse(window_mse: np.ndarray, batch: int = PAPER_TEST_BATCH) -> floa
 
 
 def protocol_test_windows(dataset: str, horizon: int) -> int:
-    """Rolling origins over the test period: 2880 - H + 1 for ETTh, 11520 - H + 1 for ETTm."""
+    """Rolling origins over the test period: 2880 - H + 1 for ETTh, 11520 - H + 1 for ETTm, the last
+    int(0.2 n) rows - H + 1 for the pool's sets."""
+    if dataset in POOL:
+        n_rows = POOL[dataset][1]
+        return n_rows - protocol_split_rows(n_rows)[1] - horizon + 1
     return 2880 * STEPS_PER_HOUR[dataset[3]] - horizon + 1
 
 
@@ -227,7 +258,7 @@ def datamodule(dataset: str, L: int, H: int):
     from tsformer.train import compose_config
 
     cfg = compose_config(
-        ["experiment=ett", f"data.name={dataset}", f"model.context_len={L}", f"model.horizon={H}"],
+        ["experiment=ett", *data_overrides(dataset), f"model.context_len={L}", f"model.horizon={H}"],
         Path(tempfile.mkdtemp()),
     )
     dm = instantiate(cfg.data)
@@ -257,7 +288,7 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
 
     overrides = [
         *row_overrides(name),
-        f"data.name={dataset}",
+        *data_overrides(dataset),
         f"model.context_len={L}",
         f"model.horizon={H}",
         f"trainer.max_epochs={args.epochs}",
@@ -289,6 +320,16 @@ def run_ours(name, dataset, L, H, args, out_root: Path) -> dict:
         "mse_drop_last_128": drop_last_mse(window_mse.to_numpy()),
         "mlflow_run_id": result.run_id,
         "batch_size": int(cfg.data.batch_size),  # as composed: the experiment's, or an --override's
+        **{
+            f"gate_{k.removeprefix('gate/').replace('val_mse', 'val').replace('mean_share', 'share')}": v
+            for k, v in result.metrics.items()
+            if k.startswith("gate/") and k != "gate/kept_groups"
+        },
+        **{
+            f"gate_test_{k.removeprefix('test/gate_').removesuffix('_mse')}": v
+            for k, v in result.metrics.items()
+            if k.startswith("test/gate_")
+        },
     }
 
 
@@ -480,7 +521,7 @@ def fmt(v, column: str = ""):
     if isinstance(v, float):
         return (
             f"{v:.4f}"
-            if column.startswith(("mse", "mae", "persistence", "linear", "best_val"))
+            if column.startswith(("mse", "mae", "persistence", "linear", "best_val", "gate_val", "gate_test"))
             else f"{v:.4g}"
         )
     return str(v)
@@ -961,7 +1002,9 @@ def main() -> None:
                     per_epoch = min(per_epoch, args.max_train_batches)
                 steps = args.epochs * per_epoch
                 for m in models:
-                    if m in PEERS and not have_nf:
+                    if m in PEERS and (
+                        not have_nf or d in POOL
+                    ):  # the peers' frame is ETT's (hourly / 15 min)
                         continue
                     row = (
                         run_ours(m, d, L, H, args, out_root)

@@ -328,11 +328,14 @@ def _fit(trainer: L.Trainer, task, datamodule, resumed: resume.Resume | None) ->
 
 
 def _test(tester: L.Trainer, task, datamodule, best_ckpt: str, keep_paths: bool) -> dict[str, float]:
-    """Test the best checkpoint (the last weights without one): the test/* and calibration/* metrics."""
+    """Test the best checkpoint (the last weights without one): the test/*, calibration/* and gate/*
+    (model.linear_gate) metrics."""
     task.keep_test_paths = keep_paths
     tester.test(task, datamodule=datamodule, ckpt_path=best_ckpt or None, weights_only=True, verbose=False)
     return {
-        k: float(v) for k, v in tester.callback_metrics.items() if k.startswith(("test/", "calibration/"))
+        k: float(v)
+        for k, v in tester.callback_metrics.items()
+        if k.startswith(("test/", "calibration/", "gate/"))
     }
 
 

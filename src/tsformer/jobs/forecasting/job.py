@@ -207,6 +207,13 @@ def summary_lines(metrics: dict[str, float], baselines: list, outputs: RunOutput
             f"factor x{metrics['calibration/spread_scale_first_step']:.2f} at the first step, "
             f"x{metrics['calibration/spread_scale_last_step']:.2f} at the last"
         )
+    if "gate/val_mse_linear" in metrics:
+        lines.append(
+            f"linear gate (model.linear_gate): the validation windows kept {metrics['gate/mean_share']:.3f} of the "
+            f"Transformer's correction on average ({metrics['gate/kept_groups']:.0%} of the gate's groups); "
+            f"validation MSE {metrics['gate/val_mse_gated']:.4f} gated, {metrics['gate/val_mse_linear']:.4f} "
+            f"the linear forecaster, {metrics['gate/val_mse_model']:.4f} the model ungated"
+        )
     lines.append("*_orig rows: in the targets' own units; the others: on the targets as scaled for training")
     csv_path = outputs.csv_path
     lines.append(
