@@ -325,7 +325,8 @@ def _events(model, before: SeriesState, alarm, scores, times, sid, n_events: int
             else:  # from the first alarm of the n rows that made this row active
                 at = len(before.alarms) + i  # this row in `history`
                 lo = max(0, at - rule.n + 1)
-                start = max(pos - (at - lo - int(np.flatnonzero(history[lo : at + 1])[0])), opened_end)
+                first = lo + int(np.flatnonzero(history[lo : at + 1])[0])  # its first alarm in `history`
+                start = max(pos - (at - first), opened_end)  # in the series
                 raised = rows_of[at - pad - (pos - start) : at - pad + 1]  # the rows from `start` to this one
                 peak = max(range(len(raised)), key=lambda r: raised[r][0])  # the first of the largest
                 event = Event(start, pos, pos + 1, raised[0][1], time, raised[peak][0], raised[peak][1],
