@@ -14,9 +14,10 @@ Data (`--data`, default ../shared/data/anomaly beside the repository; read in pl
   given, and the results' header says which);
 - `univariate`: TSB-AD-U's NAB file (train on its `tr_` prefix) and UCR 135 (train on aeon's TRAIN
   part), every row scored: a quick check;
-- where settings are chosen (never on the sets above): `msl_tuning`, TSB-AD's 2 MSL tuning files, and
-  `skab_tuning`, SKAB's anomaly-free run cut into 8 runs with the plant's faults injected
-  (`anomaly_datasets.py`).
+- where settings are chosen (never on the sets above): `msl_tuning`, TSB-AD's 2 MSL tuning files,
+  `pool`, 8 more labelled series (6 MSL channels in no evaluation file, TSB-AD-M's Genesis and Daphnet
+  files; `pool/SOURCE.md`), and `skab_tuning`, SKAB's anomaly-free run cut into 8 runs with the plant's
+  faults injected (`anomaly_datasets.py`).
 
 Every method sees the same train rows; labels are used only by the evaluation
 (`tsformer.jobs.anomaly.evaluation`: TSB-AD's VUS-PR, VUS-ROC, AUC-PR, AUC-ROC on the scored rows, with

@@ -178,6 +178,12 @@ def msl_tuning(root: str | Path) -> list[LabelledRun]:
     return [tsb_ad_file(p) for p in _files(Path(root) / "MSL_tuning", "*_MSL_*_tr_*.csv")]
 
 
+def pool(root: str | Path) -> list[LabelledRun]:
+    """The tuning pool in `root`/pool (SOURCE.md there): 6 MSL channels in no evaluation file, TSB-AD-M's
+    Genesis and Daphnet files, in TSB-AD's layout (train on the `tr_<n>` prefix, score every row)."""
+    return [tsb_ad_file(p) for p in _files(Path(root) / "pool", "*_tr_*_1st_*.csv")]
+
+
 TUNING_FAULTS = {"spike": 3, "stuck": 300, "drift": 400, "relation": 300}  # the plant's faults, their lengths
 SKAB_TUNING_RUNS = 8
 
@@ -210,4 +216,4 @@ def skab_tuning(root: str | Path, seed: int = 0) -> list[LabelledRun]:
 
 
 DATASETS = {"msl": msl, "skab": skab, "univariate": univariate}
-TUNING = {"msl_tuning": msl_tuning, "skab_tuning": skab_tuning}  # where settings are chosen
+TUNING = {"msl_tuning": msl_tuning, "pool": pool, "skab_tuning": skab_tuning}  # where settings are chosen

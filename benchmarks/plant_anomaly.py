@@ -42,7 +42,7 @@ from tsformer.jobs.anomaly.report import (
     plant_days,
     report_lines,
 )
-from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, event_spans
 from tsformer.train import compose_config, run
 
 
@@ -64,19 +64,22 @@ def alarm_rate(rows, where: np.ndarray, rate: float) -> str:
     return f"{alarms}/{n} = {alarms / n:.4f} (target {rate}, 2 sd {upper:.4f})"
 
 
-def under_rule(rows, rule: EventRule, threshold: np.ndarray | None = None) -> dict:
+def under_rule(rows, rule: EventRule, threshold: np.ndarray | None = None, from_page: bool = False) -> dict:
     """False events, faults found and the normal rows' alarm rates of `rows`' scores grouped by another
-    event `rule` (and with another `threshold (T,)`): the same scores, what the rule alone changes."""
+    event `rule` (and with another `threshold (T,)`): the same scores, what the rule alone changes.
+    `from_page`: each event from its page, as events started before issue 57 (not from its first alarm)."""
     threshold = rows["threshold"].to_numpy() if threshold is None else threshold
     over = rows["score"].to_numpy() / threshold
-    event = np.full(len(rows), -1)
+    event, pages = np.full(len(rows), -1), []
     for at in series_rows(rows).values():
-        local = events_of(over[at] > 1.0, rule, over[at])
-        event[at] = np.where(local >= 0, local + event.max() + 1, -1)
-    ids = np.unique(event[event >= 0])
+        for span in event_spans(over[at] > 1.0, rule, over[at]):
+            start = span.page if from_page else span.start
+            event[at[start : span.end]] = len(pages)
+            pages.append(span.page - start)
     regrouped = rows.assign(event_id=pd.array(np.where(event >= 0, event, None), dtype="Int64"),
                             alarm=(over > 1.0).astype(int))  # fmt: skip
-    metrics = evaluate(regrouped, pd.DataFrame({"event_id": ids, "top_channels": ""}))
+    events = pd.DataFrame({"event_id": range(len(pages)), "page_delay_rows": pages, "top_channels": ""})
+    metrics = evaluate(regrouped, events)
     normal = rows["label"].to_numpy() == 0
     far = normal & far_from_faults(rows, 32)
     return {"false_events": metrics["false_events"], "found": metrics["event_recall"] * metrics["n_incidents"],
@@ -103,8 +106,8 @@ def other_threshold(cfg) -> tuple[DriftRule | None, str]:
     return DriftRule(), f"model.threshold_drift={DriftRule()}"
 
 
-def judged(rows, events, rate: float, reach: int) -> dict:
-    """The acceptance figures of one run's judged rows, printed."""
+def judged(rows, events, rate: float, reach: int, rule: EventRule) -> dict:
+    """The acceptance figures of one run's judged rows (events by `rule`), printed."""
     metrics = evaluate(rows, events)
     normal = rows["label"].to_numpy() == 0
     far = normal & far_from_faults(rows, reach)
@@ -127,16 +130,23 @@ def judged(rows, events, rate: float, reach: int) -> dict:
         right += ok
         peak = rows["score"].to_numpy()[at].max() / threshold
         late = f"late by {delay.delay} ({delay.delay_rows} rows)" if delay.status == "late" else delay.status
+        paged = f"  paged {delay.page_delay_rows} rows after its start" if len(hit) else ""
         print(
-            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  {late}  peak/threshold {peak:.2f}"
+            f"    {fault:9s} events {len(hit)}  top channel {top[:1]}  right {ok}  {late}{paged}  "
+            f"peak/threshold {peak:.2f}"
         )
     old = under_rule(rows, EventRule(merge_gap=10))
     print(f"  under issue 41's event rule (merge_gap 10, the same alarms): false events {old['false_events']:.0f}, "
           f"faults found {old['found']:.0f}")  # fmt: skip
+    at_page = under_rule(rows, rule, from_page=True)
+    print(f"  events from their page, as before issue 57 (the same alarms and rule): false events "
+          f"{at_page['false_events']:.0f}, faults found {at_page['found']:.0f}")  # fmt: skip
     return {"normal_rate": float(rows.loc[normal, "alarm"].mean()), "far_rate": float(rows.loc[far, "alarm"].mean()),
             "old_rule_false_events": old["false_events"],
             "found": found, "right": right, "false_events": metrics["false_events"], "days": days,
-            "delays": [d for d in delays["delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
+            "at_page_false_events": at_page["false_events"], "at_page_found": at_page["found"],
+            "delays": [d for d in delays["delay_rows"] if d is not pd.NA],
+            "page_delays": [d for d in delays["page_delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
 def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str | None = None) -> dict:
@@ -153,7 +163,7 @@ def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str |
     rows, events = result.forecasts, result.outputs.details["events"]
     print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
     reach = int(cfg.model.context_len)
-    figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach)
+    figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach, model.rule)
     other, other_name = other_threshold(cfg)  # the same scores with the other threshold
     drift = under_rule(rows, EventRule(**model.detector.event_rule), drift_thresholds(rows, model, other))
     print(f"  with {other_name} (the same scores): normal rows' alarm rate "
@@ -179,7 +189,11 @@ def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str |
             )
             which = "recalibrated" if stretch else "as_is"
             figures[f"new_plant_{which}"] = judged(
-                answered, answered.attrs["beside"]["events"], float(cfg.model.false_alarm_rate), reach
+                answered,
+                answered.attrs["beside"]["events"],
+                float(cfg.model.false_alarm_rate),
+                reach,
+                model.rule,
             )
             judge = (
                 recalibrated(model, table.iloc[normal_stretch(table, stretch, "time", "")])
@@ -212,6 +226,7 @@ def main() -> None:
     scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
     mean = {k: np.mean([r[k] for r in results]) for k in scalar}
     delays = [d for r in results for d in r["delays"]]
+    pages = [d for r in results for d in r["page_delays"]]
     days = sum(r["days"] for r in results)
     false = sum(r["false_events"] for r in results)
     print(
@@ -220,8 +235,11 @@ def main() -> None:
         f"{len(FAULTS) * len(results)}; mean over seeds: normal rows' alarm rate {mean['normal_rate']:.4f} (more "
         f"than a window from every fault {mean['far_rate']:.4f}), false events {mean['false_events']:.1f}, "
         f"AUC-PR {mean['auc_pr']:.3f}; false events {false:.0f} in {days:.1f} plant-days = {false / days:.2f} per "
-        f"plant-day; median detection delay {np.median(delays) if delays else float('nan'):g} rows (1-minute rows); "
-        f"under issue 41's event rule (merge_gap 10) false events {sum(r['old_rule_false_events'] for r in results):.0f}"
+        f"plant-day; median detection delay {np.median(delays) if delays else float('nan'):g} rows (1-minute rows), "
+        f"to the page {np.median(pages) if pages else float('nan'):g} rows; "
+        f"under issue 41's event rule (merge_gap 10) false events {sum(r['old_rule_false_events'] for r in results):.0f}; "
+        f"events from their page (before issue 57): false events {sum(r['at_page_false_events'] for r in results):.0f}, "
+        f"faults found {sum(r['at_page_found'] for r in results):.0f}"
     )
     if "drift_normal_rate" in results[0]:
         print(

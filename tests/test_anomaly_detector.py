@@ -14,9 +14,17 @@ from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
 from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
+from tsformer.jobs.anomaly.report import false_event_ids, incidents_table
 from tsformer.model_folder import ModelInfo
 from tsformer.tasks import anomaly as anomaly_tasks
-from tsformer.tasks.alarms import DriftRule, EventRule, calibrate_threshold, drifting_threshold, events_of
+from tsformer.tasks.alarms import (
+    DriftRule,
+    EventRule,
+    calibrate_threshold,
+    drifting_threshold,
+    event_spans,
+    events_of,
+)
 from tsformer.tasks.anomaly import ForecastAnomalyDetector, MaskedAnomalyDetector, chosen_part
 from tsformer.tasks.base import RECONSTRUCTIONS
 from tsformer.train import compose_config, fit_task
@@ -316,8 +324,35 @@ def test_events_k_of_n_merge_gap_and_min_duration():
     assert sorted(set(ev[ev >= 0])) == [0, 1]  # the single alarms at 3 and 20 are dropped
     assert ev[5] == 0 and ev[30] == 1
     ev = events_of(alarm, EventRule(k=2, n=3, merge_gap=0))  # 2 of the last 3 rows
-    assert ev[3] == -1 and ev[5] == ev[7] == 0 and ev[8] == -1 and ev[20] == -1
-    assert ev[30] == -1 and ev[31] == ev[33] == 1 and ev[34] == -1
+    assert (
+        ev[2] == -1 and ev[3] == ev[5] == ev[7] == 0 and ev[8] == -1 and ev[20] == -1
+    )  # from its first alarm
+    assert ev[29] == -1 and ev[30] == ev[33] == 1 and ev[34] == -1
+    spans = event_spans(alarm, EventRule(k=2, n=3, merge_gap=0))
+    assert [(s.start, s.page, s.end) for s in spans] == [(3, 5, 8), (30, 31, 34)]  # paged at the 2nd alarm
+
+
+def test_an_event_starts_at_its_first_alarm_so_an_incident_it_overlaps_is_found_not_missed():
+    # the k-of-n rule pages at the 4th alarm of 8: the alarms begin inside the incident (rows 10-14)
+    # and the page comes after it ends; the event must hold those alarms (found late, paged after)
+    alarm = np.zeros(40, dtype=bool)
+    alarm[[13, 15, 17, 19, 20]] = True
+    label = np.zeros(40, dtype=int)
+    label[10:15] = 1
+    spans = event_spans(alarm, EventRule(k=4, n=8, merge_gap=0))
+    assert [(s.start, s.page, s.end) for s in spans] == [(13, 19, 23)]
+    times = pd.date_range("2026-01-01", periods=40, freq="5min")
+    rows = pd.DataFrame({"series_id": 0, "time": times, "score": alarm * 2.0, "threshold": 1.0,
+                         "alarm": alarm.astype(int), "label": label,
+                         "event_id": pd.array(np.where(events_of(alarm, EventRule(k=4, n=8, merge_gap=0)) >= 0, 0,
+                                                       None), dtype="Int64")})  # fmt: skip
+    events = pd.DataFrame(
+        {"event_id": [0], "start": [times[13]], "page_delay_rows": [6], "top_channels": ["x"]}
+    )
+    incident = incidents_table(rows, events).iloc[0]
+    assert incident["status"] == "late" and incident["delay_rows"] == 3  # its 4th row: the first alarm
+    assert incident["page_delay_rows"] == 9 and incident["page_delay"] == "45 min"  # paged at row 19
+    assert false_event_ids(rows, events) == set()  # the event overlaps the incident: not false
 
 
 def test_hysteresis_holds_an_event_while_the_score_stays_above_the_release_level():

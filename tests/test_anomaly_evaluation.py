@@ -136,3 +136,13 @@ def test_a_skab_run_trains_on_its_first_400_rows_and_scores_the_rest():
     assert run.channels == datasets.SKAB_CHANNELS
     assert run.train_end == run.score_start == 400 and len(run.scored) == len(run.table) - 400
     assert set(np.unique(run.label)) == {0, 1} and run.label[:400].sum() == 0
+
+
+@pytest.mark.needs_data(DATA / "pool" / "SOURCE.md")
+def test_the_tuning_pool_reads_its_8_labelled_series_each_with_its_train_prefix():
+    runs = datasets.pool(DATA)
+    assert len(runs) == 8 and "pool" in datasets.TUNING
+    for run in runs:
+        first = int(datasets.TSB_NAME.search(run.name).group(2))
+        assert run.score_start == 0 and run.train_end >= 500 and run.label[first] == 1
+        assert run.label[:first].sum() == 0 and len(run.channels) in (9, 18, 55)

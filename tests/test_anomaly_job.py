@@ -51,8 +51,8 @@ def test_run_writes_rows_events_model_and_mlflow_run(trained):
     assert len(rows) == 4 * 700  # every judged row: the last half of each of the 4 series
     assert set(rows["top_channel_1"]) <= set(CHANNELS)
     events = pd.read_csv(folder / "out" / "events.csv")
-    assert list(events.columns) == ["event_id", "series_id", "start", "end", "n_rows", "peak_score", "peak_time",
-                                    "top_channels"]  # fmt: skip
+    assert list(events.columns) == ["event_id", "series_id", "start", "end", "n_rows", "page_time", "page_delay_rows",
+                                    "page_delay", "peak_score", "peak_time", "top_channels"]  # fmt: skip
     assert set(events["event_id"]) == set(rows["event_id"].dropna().astype(int))
     assert {"test/event_recall", "test/false_alarms_per_1000", "test/loss", "test/threshold"} <= set(
         result.metrics

@@ -27,7 +27,9 @@ def judged() -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
     )  # fmt: skip
     events = pd.DataFrame(
         {"event_id": [0, 1, 2], "series_id": "pump", "start": rows["time"].iloc[[8, 45, 70]].to_numpy(),
-         "end": rows["time"].iloc[[14, 49, 70]].to_numpy(), "n_rows": [7, 5, 1], "peak_score": 5.0,
+         "end": rows["time"].iloc[[14, 49, 70]].to_numpy(), "n_rows": [7, 5, 1],
+         "page_time": rows["time"].iloc[[10, 47, 70]].to_numpy(), "page_delay_rows": [2, 2, 0],
+         "page_delay": ["2 min", "2 min", "0 s"], "peak_score": 5.0,
          "peak_time": rows["time"].iloc[[8, 45, 70]].to_numpy(), "top_channels": ["flow;pressure", "pressure", "flow"]}
     )  # fmt: skip
     contributions = np.c_[score * 0.75, score * 0.25]
@@ -39,6 +41,8 @@ def test_each_incident_is_found_late_or_missed_with_its_delay():
     table = incidents_table(rows, events)
     assert table["status"].tolist() == ["found", "late", "missed"]
     assert table["delay_rows"].tolist()[:2] == [0, 5] and table["delay"].iloc[1] == "5 min"
+    # paged at rows 10 and 47: the first incident at its first row, the second 7 rows after it began
+    assert table["page_delay_rows"].tolist()[:2] == [0, 7] and table["page_delay"].iloc[1] == "7 min"
     assert table["top_channels"].tolist() == ["flow;pressure", "pressure", ""]
     assert table["peak_over_threshold"].iloc[2] == 0.8
     metrics = evaluate(rows, events)
@@ -49,7 +53,7 @@ def test_each_incident_is_found_late_or_missed_with_its_delay():
     )
     assert metrics["false_events"] == 1 and metrics["normal_alarm_rate"] == 3 / 67  # rows 8, 9 and 70
     assert metrics["false_events_per_day"] == 1 / (100 / 1440)  # 100 one-minute rows judged
-    assert metrics["median_delay_rows"] == 2.5
+    assert metrics["median_delay_rows"] == 2.5 and metrics["median_page_delay_rows"] == 3.5
 
 
 def test_delays_read_as_durations():
@@ -68,18 +72,22 @@ def test_the_report_lists_events_incidents_and_the_alarm_rate_beside_its_target(
     assert normal.endswith("0.001 of the normal rows (the training rows too) score above it)")
     assert "state channels (0/1 in the train rows" in lines[1] and lines[1].endswith("valve")
     assert (
-        "  #0 series pump: 2024-01-01 00:08:00 - 2024-01-01 00:14:00 (7 rows), flow, pressure; peak 5x"
-        in text
+        "  #0 series pump: 2024-01-01 00:08:00 - 2024-01-01 00:14:00 (7 rows), paged 2 rows (2 min) after its "
+        "first alarm, flow, pressure; peak 5x" in text
     )
     false = [line for line in lines if line.endswith(": FALSE EVENT (overlaps no labelled incident)")]
     assert len(false) == 1 and false[0].startswith("  #2 series pump: 2024-01-01 01:10:00")
     assert "labelled incidents: 3: 1 found, 1 late, 1 missed" in text
-    assert "2024-01-01 00:40:00 - 2024-01-01 00:59:00 (20 rows): late by 5 min (5 rows), event #1" in text
+    assert (
+        "2024-01-01 00:40:00 - 2024-01-01 00:59:00 (20 rows): late by 5 min (5 rows), event #1 (paged 7 rows "
+        "(7 min) after its start)" in text
+    )
     assert "(3 rows): missed (its peak score 0.8x the threshold)" in text
     assert lines[-2] == "normal rows alarmed: 3 of 67 = 0.0448 (target 0.001, model.false_alarm_rate)"
     assert (
         lines[-1]
-        == "false events: 1 = 14.40 per day over 0.1 days judged; median detection delay 2.5 rows (2 min 30 s)"
+        == "false events: 1 = 14.40 per day over 0.1 days judged; median detection delay 2.5 rows (2 min 30 s), "
+        "to the page 3.5 rows (3 min 30 s)"
     )
     assert "loss" not in text
     unlabelled = report_lines(rows.drop(columns="label"), events, 0.001, [])

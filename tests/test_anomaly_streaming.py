@@ -22,7 +22,8 @@ from tsformer.tasks.alarms import EventRule
 
 FIXTURES = REPO / "tests" / "fixtures"
 ROW_COLUMNS = ["series_id", "time", "score", "alarm", "top_channel_1", "top_channel_2", "top_channel_3"]
-EVENT_COLUMNS = ["series_id", "start", "end", "n_rows", "peak_score", "peak_time", "top_channels"]
+EVENT_COLUMNS = ["series_id", "start", "end", "n_rows", "page_time", "page_delay_rows", "page_delay", "peak_score",
+                 "peak_time", "top_channels"]  # fmt: skip
 
 
 def two_series(table: pd.DataFrame) -> pd.DataFrame:
@@ -46,11 +47,11 @@ def split_rows(table: pd.DataFrame) -> SplitRows:
     return SplitRows.of(split["columns"], split["data"])
 
 
-def streamed(predictor: Predictor, table: pd.DataFrame, seed: int, sent=lambda rows: rows):
-    """(rows, events, the last state) of `table` sent in chunks of 1 to 60 rows (each as `sent` makes it)."""
+def streamed(predictor: Predictor, table: pd.DataFrame, seed: int, sent=lambda rows: rows, most: int = 60):
+    """(rows, events, the last state) of `table` sent in chunks of 1 to `most` rows (each as `sent` makes it)."""
     rng, state, rows, events, at = np.random.default_rng(seed), None, [], [], 0
     while at < len(table):
-        n = int(rng.integers(1, 61))
+        n = int(rng.integers(1, most + 1))
         answer, state = predictor.predict_stream(state, sent(table.iloc[at : at + n]), {})
         rows.append(answer.drop(columns="event_id"))
         events.append(answer.attrs["beside"]["events"])
@@ -63,11 +64,11 @@ def streamed(predictor: Predictor, table: pd.DataFrame, seed: int, sent=lambda r
 
 
 def assert_streamed_as_whole(
-    predictor: Predictor, table: pd.DataFrame, seed: int = 0, sent=lambda rows: rows
+    predictor: Predictor, table: pd.DataFrame, seed: int = 0, sent=lambda rows: rows, most: int = 60
 ):
     timed = table.assign(time=pd.to_datetime(table.time))
     whole, whole_events, _ = predictor.model.judge(timed, causal=True)
-    rows, events, state = streamed(predictor, table, seed, sent)
+    rows, events, state = streamed(predictor, table, seed, sent, most)
     by_row = ["series_id", "time"]
     rows = rows.sort_values(by_row, kind="stable").reset_index(drop=True)
     whole = whole.sort_values(by_row, kind="stable").reset_index(drop=True)
@@ -81,6 +82,7 @@ def assert_streamed_as_whole(
     expected = whole_events[EVENT_COLUMNS].sort_values(order).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, expected.iloc[: len(got)], check_dtype=False, rtol=1e-6)
     assert set(events.status) == {"open", "closed"}
+    assert (got.page_delay_rows > 0).any()  # events paged after their first alarm, started at it in both
 
 
 @pytest.mark.parametrize("row_score", ["value", "own", "window"])
@@ -90,6 +92,15 @@ def test_a_table_sent_in_chunks_is_answered_as_the_whole_table_scored_causally(r
     table = two_series(pd.read_csv(FIXTURES / "anomaly_1_input.csv").iloc[:200])
     predictor.model = with_alarms(predictor.model, table.assign(time=pd.to_datetime(table.time)))
     assert_streamed_as_whole(predictor, table, seed=len(row_score))
+
+
+def test_a_stream_fed_row_by_row_gives_the_whole_tables_events_start_end_and_page():
+    """Each row its own request: an event's start is set back to its first alarm, which came in a request
+    before the page's, as the whole table starts it (`tasks.alarms.event_spans`)."""
+    predictor = Predictor.of_folder(FIXTURES / "anomaly_1")
+    table = pd.read_csv(FIXTURES / "anomaly_1_input.csv").iloc[:200].assign(series_id=0)
+    predictor.model = with_alarms(predictor.model, table.assign(time=pd.to_datetime(table.time)))
+    assert_streamed_as_whole(predictor, table, most=1)
 
 
 def test_hysteresis_holds_a_streamed_event_across_chunks_as_in_the_whole_table():

@@ -14,8 +14,12 @@ operator is paged: a row is active when at least `k` of the last `n` rows (itsel
 (k = n = 1: every alarm); with hysteresis (`release` < 1) an active run goes on while the score stays
 above `release` x the threshold (a fault's score wavering about the threshold is one event, not many);
 active runs closer than `merge_gap` rows become one event (the cool-down: alarms within it of an
-event's end belong to that event, no new page); events shorter than `min_duration` rows are dropped.
-All of it reads only the past of a row but the merge, which joins two runs once the second has begun.
+event's end belong to that event, no new page); events shorter than `min_duration` active rows are
+dropped. An event is paged at its first active row once it has lasted `min_duration` rows, and starts
+at the first alarm of the `n` rows that made its first row active (the alarms that raised it; never
+before the end of the event before it): the page's delay is `page - start` rows. All of it reads only
+the past of a row but the merge, which joins two runs once the second has begun, and the start, which
+the page sets back to rows already judged.
 """
 
 from __future__ import annotations
@@ -105,9 +109,19 @@ class EventRule:
             )
 
 
-def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None) -> np.ndarray:
-    """Event number per row of one series `(T,)`: -1 outside events, 0, 1, ... inside them. `over (T,)`:
-    each row's score over the threshold, which hysteresis (`rule.release` < 1) reads."""
+@dataclass(frozen=True)
+class Span:
+    """One event's rows in a series: `start` (its first alarm), `page` (the row it is paged at) and
+    `end` (after its last active row), positions in the series."""
+
+    start: int
+    page: int
+    end: int
+
+
+def event_spans(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None) -> list[Span]:
+    """The events of one series' `alarm (T,)` in order (module docstring). `over (T,)`: each row's score
+    over the threshold, which hysteresis (`rule.release` < 1) reads."""
     alarm = np.asarray(alarm, dtype=bool)
     counts = np.convolve(alarm.astype(int), np.ones(rule.n, dtype=int))[: len(alarm)]  # last n rows
     active = counts >= rule.k
@@ -115,19 +129,30 @@ def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None
         held = np.asarray(over) > rule.release
         for i in np.flatnonzero(held[1:] & ~active[1:]) + 1:  # in order: a run held goes on holding
             active[i] = active[i - 1]
-    runs = true_runs(active)
     merged: list[list[int]] = []
-    for start, end in runs:  # end exclusive
+    for start, end in true_runs(active):  # end exclusive
         if merged and start - merged[-1][1] <= rule.merge_gap:
             merged[-1][1] = end
         else:
             merged.append([start, end])
+    spans: list[Span] = []
+    for first, end in merged:  # first: the first active row
+        if end - first < rule.min_duration:
+            continue
+        ready = first + rule.min_duration - 1  # its first active row from here on is the page
+        page = ready + int(np.flatnonzero(active[ready:end])[0])
+        raised = max(0, first - rule.n + 1)  # the rows whose alarms made `first` active
+        start = raised + int(np.flatnonzero(alarm[raised : first + 1])[0])
+        spans.append(Span(max(start, spans[-1].end if spans else 0), page, end))
+    return spans
+
+
+def events_of(alarm: np.ndarray, rule: EventRule, over: np.ndarray | None = None) -> np.ndarray:
+    """Event number per row of one series `(T,)`: -1 outside events, 0, 1, ... inside them, from each
+    event's first alarm to its last active row (`event_spans`)."""
     event = np.full(len(alarm), -1)
-    number = 0
-    for start, end in merged:
-        if end - start >= rule.min_duration:
-            event[start:end] = number
-            number += 1
+    for number, span in enumerate(event_spans(alarm, rule, over)):
+        event[span.start : span.end] = number
     return event
 
 

@@ -1,7 +1,8 @@
 """A trained anomaly detector with its calibrated threshold and event rule (`AnomalyModel`): how a table
 is judged (per row `series_id, time, score, threshold, alarm, event_id, top_channel_1..3`, and the label
-when the table has one; per event `event_id, series_id, start, end, n_rows, peak_score, peak_time,
-top_channels`), and its model folder (what an engineer reads of it, its evaluation and figures: `report.py`).
+when the table has one; per event `event_id, series_id, start, end, n_rows, page_time, page_delay_rows,
+page_delay, peak_score, peak_time, top_channels`: an event from its first alarm, paged `page_delay_rows`
+later, `tasks.alarms.event_spans`), and its model folder (what an engineer reads of it, its evaluation and figures: `report.py`).
 
 The model folder (`model_folder.py`): `tsformer.json` (format `anomaly-3`: `FOLDER`, the detector task's
 class and hyperparameters: its score, how rows are scored, the channels read as states, the memory's
@@ -23,7 +24,7 @@ import torch
 from tsformer import model_folder
 from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
-from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, events_of
+from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, event_spans
 from tsformer.tasks.anomaly import AnomalyScoring, Scores, ranked_channels
 
 N_TOP = 3  # top contributing channels per row and event
@@ -83,11 +84,11 @@ class AnomalyModel:
         threshold = self.thresholds(scores.score, table)  # (T,)
         alarm = scores.score > threshold
         event = np.full(len(table), -1)
-        n_events = 0
+        pages = []  # each event's page: (its position in the table, its series' rows after the event's start)
         for rows in series_rows(table).values():  # events never cross series
-            local = events_of(alarm[rows], self.rule, scores.score[rows] / threshold[rows])
-            event[rows] = np.where(local >= 0, local + n_events, -1)
-            n_events += int(local.max()) + 1 if (local >= 0).any() else 0
+            for span in event_spans(alarm[rows], self.rule, scores.score[rows] / threshold[rows]):
+                event[rows[span.start : span.end]] = len(pages)
+                pages.append((rows[span.page], span.page - span.start))
         series = table[SERIES_COL].to_numpy() if SERIES_COL in table.columns else np.zeros(len(table), int)
         times = table[self.time_col].to_numpy() if self.time_col in table.columns else np.arange(len(table))
         top = np.asarray(scores.top_channels(N_TOP))  # (T, N_TOP)
@@ -104,7 +105,7 @@ class AnomalyModel:
         )
         if self.label_col is not None and self.label_col in table.columns:
             rows["label"] = pd.to_numeric(table[self.label_col]).astype(int).to_numpy()
-        return rows, self.events_table(rows, event, scores), scores
+        return rows, self.events_table(rows, event, pages, scores), scores
 
     def thresholds(self, score: np.ndarray, table: pd.DataFrame) -> np.ndarray:
         """`(T,)` each row's threshold: the calibrated one, or with `model.threshold_drift` the one that
@@ -122,36 +123,62 @@ class AnomalyModel:
             out[rows] = drifting_threshold(score[rows], self.threshold, level, rule)
         return out
 
-    def events_table(self, rows: pd.DataFrame, event: np.ndarray, scores: Scores) -> pd.DataFrame:
+    def events_table(
+        self, rows: pd.DataFrame, event: np.ndarray, pages: list[tuple], scores: Scores
+    ) -> pd.DataFrame:
+        """Per event (`event (T,)` each row's event, -1 outside; `pages` each event's page: its row in
+        the table, and its series' rows from the event's start) its figures: `EVENT_COLUMNS`."""
         records = []
         names = scores.channels
-        for e in range(int(event.max()) + 1 if len(event) else 0):
+        for e, (page, delay) in enumerate(pages):
             at = np.flatnonzero(event == e)
             peak = at[np.argmax(scores.score[at])]
             summed = scores.contributions[at].sum(axis=0)
+            start, paged = rows["time"].iloc[at[0]], rows["time"].iloc[page]
             records.append(
                 {
                     "event_id": e,
                     "series_id": rows["series_id"].iloc[at[0]],
-                    "start": rows["time"].iloc[at[0]],
+                    "start": start,
                     "end": rows["time"].iloc[at[-1]],
                     "n_rows": len(at),
+                    "page_time": paged,
+                    "page_delay_rows": int(delay),
+                    "page_delay": elapsed(start, paged),
                     "peak_score": float(scores.score[peak]),
                     "peak_time": rows["time"].iloc[peak],
                     "top_channels": ";".join(c for c in ranked_channels(summed, names, N_TOP) if c),
                 }
             )
-        columns = [
-            "event_id",
-            "series_id",
-            "start",
-            "end",
-            "n_rows",
-            "peak_score",
-            "peak_time",
-            "top_channels",
-        ]
-        return pd.DataFrame(records, columns=columns)
+        return pd.DataFrame(records, columns=EVENT_COLUMNS)
+
+
+EVENT_COLUMNS = ["event_id", "series_id", "start", "end", "n_rows", "page_time", "page_delay_rows", "page_delay",
+                 "peak_score", "peak_time", "top_channels"]  # fmt: skip
+
+
+def elapsed(start, end) -> str | None:
+    """`end - start` as a duration (`duration_text`) when the rows have times, else None."""
+    if isinstance(start, int | float | np.integer | np.floating):  # a row number, not a time
+        return None
+    try:
+        return duration_text(pd.Timestamp(end) - pd.Timestamp(start))
+    except (TypeError, ValueError):
+        return None
+
+
+def duration_text(delta: pd.Timedelta) -> str:
+    """A duration as an operator reads it: `1 h 29 min`, `2 days 3 h`, `45 s` (its two largest units)."""
+    seconds = round(pd.Timedelta(delta).total_seconds())
+    if seconds == 0:
+        return "0 s"
+    units = [("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1)]
+    parts = []
+    for name, size in units:
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {name}{'s' if name == 'day' and count > 1 else ''}")
+    return " ".join(parts[:2])
 
 
 def _value_rows(config: dict) -> dict:

@@ -2,10 +2,11 @@
 evaluation against labels.
 
 - `report_lines`: rows judged, alarms and events at the threshold (what it was calibrated on); the
-  channels read as states and those constant in the train rows; each event (series, start - end time, rows, top sensors, peak over the
-  threshold); with labels, each labelled incident found (an event holds its first row), late (an event
-  overlaps it later: by how many rows and how long after its first row) or
-  missed (its peak score over the threshold), and the normal rows' alarm rate beside its target
+  channels read as states and those constant in the train rows; each event (series, its first alarm -
+  end time, rows, how long after its first alarm it was paged, top sensors, peak over the threshold);
+  with labels, each labelled incident found (an event holds its first row), late (an event overlaps it
+  later: by how many rows and how long after its first row) or missed (its peak score over the
+  threshold), with how long after its first row its event was paged, and the normal rows' alarm rate beside its target
   (`model.false_alarm_rate`).
 - `evaluate`: the same figures as numbers (`test/...` metrics of the run).
 - `score_figures`: per series, the score over time with the threshold, each event as a band named in the
@@ -19,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from tsformer.data.anomaly import series_rows
+from tsformer.jobs.anomaly.judging import duration_text, elapsed
+from tsformer.tasks.alarms import true_runs
 from tsformer.tasks.anomaly import Scores
 
 MAX_LISTED = 20  # events and incidents listed in the summary (all of them are in the CSVs)
@@ -39,65 +42,56 @@ def labelled_incidents(rows: pd.DataFrame) -> list[np.ndarray]:
 
 
 def incidents_table(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """Per labelled incident: `series_id, start, end, n_rows, status` (found | late | missed),
-    `delay_rows` and `delay` (from its first row to its first row inside an event), `event_ids`,
-    `top_channels` (of its first event) and `peak_over_threshold` (its largest score / the threshold)."""
+    """Per labelled incident: `series_id, start, end, n_rows, status` (found: an event holds its first
+    row | late: an event overlaps it later | missed), `delay_rows` and `delay` (from its first row to its
+    first row inside an event), `page_delay_rows` and `page_delay` (from its first row to the page of its
+    first event; 0 when that event was paged before the incident began), `event_ids`, `top_channels` (of
+    its first event) and `peak_over_threshold` (its largest score / the threshold)."""
     event = rows["event_id"].to_numpy(dtype=float, na_value=-1)
     times = rows["time"]
+    page_rows = dict(zip(events["event_id"].astype(int), events["page_delay_rows"].astype(int), strict=True))
     records = []
-    for at in labelled_incidents(rows):
-        ids = [int(e) for e in dict.fromkeys(event[at][event[at] >= 0])]
-        delay = int(np.flatnonzero(event[at] >= 0)[0]) if ids else 0  # rows before the first in an event
-        first = at[delay]
-        status = "missed" if not ids else ("found" if delay == 0 else "late")
-        records.append(
-            {
-                "series_id": rows["series_id"].iloc[at[0]],
-                "start": times.iloc[at[0]],
-                "end": times.iloc[at[-1]],
-                "n_rows": len(at),
-                "status": status,
-                "delay_rows": delay if ids else None,
-                "delay": _elapsed(times.iloc[at[0]], times.iloc[first]) if ids else None,
-                "event_ids": ";".join(map(str, ids)),
-                "top_channels": events.loc[events["event_id"] == ids[0], "top_channels"].iloc[0]
-                if ids
-                else "",
-                "peak_over_threshold": float((rows["score"].iloc[at] / rows["threshold"].iloc[at]).max()),
-            }
-        )
-    columns = ["series_id", "start", "end", "n_rows", "status", "delay_rows", "delay", "event_ids",
-               "top_channels", "peak_over_threshold"]  # fmt: skip
+    for series in series_rows(rows).values():
+        in_series = event[series]
+        page_of = {int(e): int(np.flatnonzero(in_series == e)[0]) + page_rows[int(e)]
+                   for e in np.unique(in_series[in_series >= 0])}  # each event's page, in the series  # fmt: skip
+        for a, b in true_runs(rows["label"].to_numpy()[series].astype(bool)):
+            at = series[a:b]
+            ids = [int(e) for e in dict.fromkeys(event[at][event[at] >= 0])]
+            delay = int(np.flatnonzero(event[at] >= 0)[0]) if ids else 0  # rows before the first in an event
+            page = max(page_of[ids[0]], a) if ids else a  # an event paged before the incident: at its start
+            status = "missed" if not ids else ("found" if delay == 0 else "late")
+            records.append(
+                {
+                    "series_id": rows["series_id"].iloc[at[0]],
+                    "start": times.iloc[at[0]],
+                    "end": times.iloc[at[-1]],
+                    "n_rows": len(at),
+                    "status": status,
+                    "delay_rows": delay if ids else None,
+                    "delay": elapsed(times.iloc[at[0]], times.iloc[at[delay]]) if ids else None,
+                    "page_delay_rows": page - a if ids else None,
+                    "page_delay": elapsed(times.iloc[at[0]], times.iloc[series[page]]) if ids else None,
+                    "event_ids": ";".join(map(str, ids)),
+                    "top_channels": events.loc[events["event_id"] == ids[0], "top_channels"].iloc[0]
+                    if ids
+                    else "",
+                    "peak_over_threshold": float((rows["score"].iloc[at] / rows["threshold"].iloc[at]).max()),
+                }
+            )
+    columns = ["series_id", "start", "end", "n_rows", "status", "delay_rows", "delay", "page_delay_rows",
+               "page_delay", "event_ids", "top_channels", "peak_over_threshold"]  # fmt: skip
     table = pd.DataFrame(records, columns=columns)
-    return table.astype({"delay_rows": "Int64"})
+    return table.astype({"delay_rows": "Int64", "page_delay_rows": "Int64"})
 
 
 def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def duration_text(delta: pd.Timedelta) -> str:
-    """A duration as an operator reads it: `1 h 29 min`, `2 days 3 h`, `45 s` (its two largest units)."""
-    seconds = round(pd.Timedelta(delta).total_seconds())
-    if seconds == 0:
-        return "0 s"
-    units = [("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1)]
-    parts = []
-    for name, size in units:
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count} {name}{'s' if name == 'day' and count > 1 else ''}")
-    return " ".join(parts[:2])
-
-
-def _elapsed(start, end) -> str | None:
-    """`end - start` as a duration (`duration_text`) when the rows have times, else None."""
-    if isinstance(start, int | float | np.integer | np.floating):  # a row number, not a time
-        return None
-    try:
-        return duration_text(pd.Timestamp(end) - pd.Timestamp(start))
-    except (TypeError, ValueError):
-        return None
+def _after(duration: str | None, n_rows: int) -> str:
+    """`0 rows after`, `2 rows (10 min) after`: how long after its start an event or incident was paged."""
+    return f"{_rows(int(n_rows))}{f' ({duration})' if duration and n_rows else ''} after"
 
 
 def plant_days(rows: pd.DataFrame) -> float | None:
@@ -127,7 +121,8 @@ def false_event_ids(rows: pd.DataFrame, events: pd.DataFrame) -> set[int]:
 
 def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
     """Alarm figures against the labels: the normal rows' alarm rate (and per 1,000), the incidents
-    found (event recall), late and their mean and median delay in rows, false events (and per day of
+    found (event recall), late and their mean and median delay in rows (to the first row in an event,
+    and to its page), false events (and per day of
     the judged rows, when they have times), AUC-PR."""
     from sklearn.metrics import average_precision_score
 
@@ -149,6 +144,12 @@ def evaluate(rows: pd.DataFrame, events: pd.DataFrame) -> dict[str, float]:
         "false_events": float(len(false_events)),
         "false_events_per_day": float(len(false_events) / days) if days else float("nan"),
         "median_delay_rows": float(incidents.loc[hit, "delay_rows"].median()) if hit.any() else float("nan"),
+        "mean_page_delay_rows": float(incidents.loc[hit, "page_delay_rows"].mean())
+        if hit.any()
+        else float("nan"),
+        "median_page_delay_rows": float(incidents.loc[hit, "page_delay_rows"].median())
+        if hit.any()
+        else float("nan"),
     }
     if label.any() and (~label).any():
         metrics["auc_pr"] = float(average_precision_score(label, rows["score"].to_numpy()))
@@ -192,10 +193,13 @@ def report_lines(
         )
     false = false_event_ids(rows, events) if "label" in rows.columns else set()
     if len(events):
-        lines.append("events (series, start - end, rows, top sensors, peak score / threshold at its time):")
+        lines.append(
+            "events (series, first alarm - end, rows, when paged, top sensors, peak score / threshold at its time):"
+        )
     for e in events.head(MAX_LISTED).itertuples():
         lines.append(
             f"  #{e.event_id} series {e.series_id}: {e.start} - {e.end} ({_rows(e.n_rows)}), "
+            f"paged {_after(e.page_delay, e.page_delay_rows)} its first alarm, "
             f"{e.top_channels.replace(';', ', ')}; peak {e.peak_score / threshold:.3g}x at {e.peak_time}"
             + (": FALSE EVENT (overlaps no labelled incident)" if e.event_id in false else "")
         )
@@ -222,7 +226,8 @@ def report_lines(
         if i.status == "late":
             late = f" by {i.delay} ({_rows(i.delay_rows)})" if i.delay else f" by {_rows(i.delay_rows)}"
         top = i.top_channels.replace(";", ", ")
-        lines.append(f"{where}{late}, event #{i.event_ids.replace(';', ', #')}, top sensors {top}")
+        paged = f"paged {_after(i.page_delay, i.page_delay_rows)} its start"
+        lines.append(f"{where}{late}, event #{i.event_ids.replace(';', ', #')} ({paged}), top sensors {top}")
     if len(incidents) > MAX_LISTED:
         lines.append(f"  ... and {len(incidents) - MAX_LISTED} more")
     normal = rows["label"].to_numpy() == 0
@@ -239,9 +244,13 @@ def report_lines(
         median = hit["delay_rows"].median()
         times = pd.to_datetime(rows["time"]) if days else None
         step = times.diff().median() if times is not None else None
-        delays = f"; median detection delay {median:g} rows" + (
-            f" ({duration_text(median * step)})" if step is not None and pd.notna(step) else ""
-        )
+
+        def rows_text(n) -> str:
+            return f"{n:g} rows" + (
+                f" ({duration_text(n * step)})" if step is not None and pd.notna(step) else ""
+            )
+
+        delays = f"; median detection delay {rows_text(median)}, to the page {rows_text(hit['page_delay_rows'].median())}"
     lines.append(f"false events: {len(false)}{per_day}{delays}")
     return lines + unlike_line(n_alarmed, int(normal.sum()), target_rate, recalibrated_on)
 

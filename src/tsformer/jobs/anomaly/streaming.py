@@ -9,13 +9,17 @@ last windows' scores (a row's score averages the windows ending in the `L` rows 
 scored once), the last `n - 1` alarms of the event rule's k-of-n, and the event being built. A series' first rows, fewer than one window, are kept
 and answered once the window is complete (`pending_rows`). At most `MAX_SERIES` series per stream.
 
-Events follow `tasks.alarms.events_of`: an event opens when its rows (from its first active row, gaps
-merged) reach `min_duration`, and closes once `merge_gap` + 1 rows without an active row follow it (no
-later row could merge into it then). Each new row's `event_id` is the open event it belongs to when it
-is answered (null before its event opened, or in a gap not yet merged); the events table
+Events follow `tasks.alarms.event_spans`: an event opens (is paged) when its rows (from its first active
+row, gaps merged) reach `min_duration`, and closes once `merge_gap` + 1 rows without an active row follow
+it (no later row could merge into it then). Its start is set back to the first alarm of the `n` rows
+that made its first row active, as in the whole table: those rows were answered before the page, and a
+row's `event_id` is never changed once sent, so they keep a null `event_id`, and the event's record
+holds them (`start`, `n_rows`, its peak and top sensors count them; `page_time` and `page_delay_rows`
+say when it was paged). Each new row's `event_id` is the open event it belongs to when it is answered
+(null before its event opened, or in a gap not yet merged); the events table
 (`attrs["beside"]["events"]`) holds each event that opened or closed in the request, its `status` then
 (`open` or `closed`), with the columns of the whole table's events: a closed event equals the whole
-table's.
+table's (start, end, page, rows, peak, top sensors).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from tsformer.data.anomaly import SEGMENT_COL, SERIES_COL, check_labels, check_t
 from tsformer.data.schema import read_times
 from tsformer.data.split_rows import SplitRows, frame_of
 from tsformer.data.window_scores import causal_rows_of_windows
-from tsformer.jobs.anomaly.judging import N_TOP, AnomalyModel
+from tsformer.jobs.anomaly.judging import EVENT_COLUMNS as WHOLE_TABLE_EVENT_COLUMNS
+from tsformer.jobs.anomaly.judging import N_TOP, AnomalyModel, elapsed
 from tsformer.tasks.anomaly import ranked_channels
 
 MAX_SERIES = 1000  # series per stream
@@ -40,14 +45,17 @@ MAX_SERIES = 1000  # series per stream
 class Event:
     """The active run being built in a series (gaps merged), and its figures so far."""
 
-    start: int  # series position of its first row
+    start: int  # series position of its first row (its first alarm)
+    first_active: int  # of its first active row
     end: int  # after its last active row
     start_time: object
     end_time: object
     peak_score: float
     peak_time: object
     contributions: np.ndarray  # (C,) summed over its rows
-    event_id: int | None = None  # set when it opens (min_duration rows)
+    event_id: int | None = None  # set when it opens (is paged: min_duration active rows)
+    page: int | None = None  # series position of its page
+    page_time: object = None
     gap: tuple = ()  # rows after `end` not yet merged: (score, time, contributions) each
 
 
@@ -57,7 +65,11 @@ class SeriesState:
     offset: int  # series position of values' first row
     answered: int  # rows of the series answered
     alarms: np.ndarray  # the last n - 1 alarms (bool)
+    recent: tuple = ()  # the last n - 1 rows' (score, time, contributions): an event's start reads them
     event: Event | None = None
+    opened_end: int = (
+        0  # after the last active row of the last event opened: a later event starts here at the earliest
+    )
     # the `window` row score: the last L - 1 windows' mean contributions per part (W, C), and their last
     # rows' series positions (W,): a new row's score averages them with the windows ending at new rows
     window_means: dict = field(default_factory=dict)
@@ -130,8 +142,11 @@ def answer_stream(
     return rows, StreamState(series, n_events, time_format)
 
 
-EVENT_COLUMNS = ["event_id", "status", "series_id", "start", "end", "n_rows", "peak_score", "peak_time"]
-EVENT_COLUMNS += ["top_channels"]
+EVENT_COLUMNS = [
+    "event_id",
+    "status",
+    *WHOLE_TABLE_EVENT_COLUMNS[1:],
+]  # the whole table's, with each one's status
 NO_EVENTS = pd.DataFrame([], columns=EVENT_COLUMNS)
 
 
@@ -236,13 +251,11 @@ def _series_answer(model: AnomalyModel, before: SeriesState | None, new: dict, n
     scores = detector.with_departures(scores, rows["raw"])  # a constant channel's departures: each row's own
     alarm = scores.score > model.threshold
     times = rows["time"] if "time" in rows else np.arange(before.answered, total)
-    event_ids, records, alarms, event, n_events, active = _events(
-        model, before, alarm, scores, times, before.answered, sid, n_events
-    )
+    event_ids, records, kept, n_events = _events(model, before, alarm, scores, times, sid, n_events)
     judged = _judged(model, rows, scores, alarm, event_ids, times)
     keep = history_rows(model)
     after = SeriesState(values[max(0, len(values) - keep) :] if keep else values[:0], total - min(keep, len(values)),
-                        total, alarms, event, means, ends, active)  # fmt: skip
+                        total, window_means=means, window_ends=ends, **kept)  # fmt: skip
     return judged, records, after, n_events
 
 
@@ -286,11 +299,11 @@ def _causal_scores(detector, values: np.ndarray, first: int, before: SeriesState
     return detector.combined(rows), {name: m[last] for name, m in means.items()}, ends[last]
 
 
-def _events(model, before: SeriesState, alarm, scores, times, position: int, sid, n_events: int):
-    """Each new row's event id, the records of the events that opened or closed, the last n - 1 alarms,
-    the event being built, the next event number and whether the last row is active
-    (`tasks.alarms.events_of`, row by row)."""
-    rule = model.rule
+def _events(model, before: SeriesState, alarm, scores, times, sid, n_events: int):
+    """Each new row's event id, the records of the events that opened or closed, what the series keeps
+    of them (`SeriesState`'s `alarms`, `recent`, `event`, `opened_end`, `active`) and the next event
+    number (`tasks.alarms.event_spans`, row by row)."""
+    rule, position = model.rule, before.answered
     history = np.concatenate([before.alarms, alarm])
     counts = np.convolve(history.astype(int), np.ones(rule.n, dtype=int))[len(before.alarms) : len(history)]
     active = counts >= rule.k
@@ -299,20 +312,33 @@ def _events(model, before: SeriesState, alarm, scores, times, position: int, sid
         for i in range(len(active)):
             active[i] = active[i] or (held[i] and previous)
             previous = active[i]
-    event, records, ids = before.event, {}, []
+    # each row of `history`'s (score, time, contributions): the kept rows', then the new ones'
+    new_rows = list(zip(scores.score.tolist(), times, scores.contributions, strict=True))
+    rows_of = [*before.recent, *new_rows]
+    pad = len(history) - len(rows_of)  # a new series' alarms start with n - 1 rows of no alarm
+    event, opened_end, records, ids = before.event, before.opened_end, {}, []
     for i, is_active in enumerate(active):
-        pos, score, contrib = position + i, float(scores.score[i]), scores.contributions[i]
+        pos, (score, time, contrib) = position + i, new_rows[i]
         if is_active:
             if event is not None and pos - event.end <= rule.merge_gap:  # the run goes on (gap merged)
-                event = _extended(event, pos, score, times[i], contrib)
-            else:
-                event = Event(pos, pos + 1, times[i], times[i], score, times[i], contrib.copy())
-            if event.event_id is None and event.end - event.start >= rule.min_duration:
-                event = replace(event, event_id=n_events)
+                event = _extended(event, pos, score, time, contrib)
+            else:  # from the first alarm of the n rows that made this row active
+                at = len(before.alarms) + i  # this row in `history`
+                lo = max(0, at - rule.n + 1)
+                first = lo + int(np.flatnonzero(history[lo : at + 1])[0])  # its first alarm in `history`
+                start = max(pos - (at - first), opened_end)  # in the series
+                raised = rows_of[at - pad - (pos - start) : at - pad + 1]  # the rows from `start` to this one
+                peak = max(range(len(raised)), key=lambda r: raised[r][0])  # the first of the largest
+                event = Event(start, pos, pos + 1, raised[0][1], time, raised[peak][0], raised[peak][1],
+                              np.sum([c for _, _, c in raised], axis=0))  # fmt: skip
+            if event.event_id is None and event.end - event.first_active >= rule.min_duration:
+                event = replace(event, event_id=n_events, page=pos, page_time=time)
                 n_events += 1
                 records[event.event_id] = (event, "open")
+            if event.event_id is not None:
+                opened_end = event.end
         elif event is not None:
-            event = replace(event, gap=(*event.gap, (score, times[i], contrib)))
+            event = replace(event, gap=(*event.gap, (score, time, contrib)))
             if pos + 1 - event.end > rule.merge_gap:  # no later row can merge into it
                 if event.event_id is not None:
                     records[event.event_id] = (event, "closed")
@@ -321,10 +347,15 @@ def _events(model, before: SeriesState, alarm, scores, times, position: int, sid
     for event_id, (e, status) in list(records.items()):
         if status == "open" and event is not None and event.event_id == event_id:
             records[event_id] = (event, "open")  # its figures at the end of the request
-    last = history[len(history) - (rule.n - 1) :] if rule.n > 1 else history[:0]
-    last_active = bool(active[-1]) if len(active) else before.active
-    records = [_record(model, e, status, sid) for e, status in records.values()]
-    return ids, records, last, event, n_events, last_active
+    keep = rule.n - 1
+    kept = {
+        "alarms": history[len(history) - keep :] if keep else history[:0],
+        "recent": tuple(rows_of[max(0, len(rows_of) - keep) :]) if keep else (),
+        "event": event,
+        "opened_end": opened_end,
+        "active": bool(active[-1]) if len(active) else before.active,
+    }
+    return ids, [_record(model, e, status, sid) for e, status in records.values()], kept, n_events
 
 
 def _extended(event: Event, pos: int, score: float, time, contrib: np.ndarray) -> Event:
@@ -342,6 +373,8 @@ def _record(model: AnomalyModel, event: Event, status: str, sid) -> dict:
     names = model.detector.channels
     return {"event_id": event.event_id, "status": status, "series_id": sid if sid is not None else 0,
             "start": event.start_time, "end": event.end_time, "n_rows": event.end - event.start,
+            "page_time": event.page_time, "page_delay_rows": event.page - event.start,
+            "page_delay": elapsed(event.start_time, event.page_time),
             "peak_score": event.peak_score, "peak_time": event.peak_time,
             "top_channels": ";".join(c for c in ranked_channels(event.contributions, names, N_TOP) if c)}  # fmt: skip
 
