@@ -42,6 +42,7 @@ from torch import nn
 
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
+from tsformer.nn.dropout import Dropout
 from tsformer.nn.embedding import InputProjection
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
@@ -81,7 +82,7 @@ class DecoderOnly(nn.Module):
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout, cfg.fast_dropout)
         self.decoder = TransformerStack(cfg, cfg.n_layers, causal=True, rope=rope)
         self.head = nn.Linear(cfg.d_model, self.patch * cfg.d_target * cfg.n_params)
 

@@ -37,6 +37,7 @@ from torch import nn
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.conv_embedding import StridedTokens
+from tsformer.nn.dropout import Dropout
 from tsformer.nn.embedding import InputProjection, build_embedding, token_grid
 from tsformer.nn.kv_cache import KVCache
 from tsformer.nn.masks import padding_mask
@@ -73,7 +74,7 @@ class EncoderDecoder(nn.Module):
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout, cfg.fast_dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
         n_dec = cfg.n_decoder_layers or cfg.n_layers
         self.decoder = TransformerStack(cfg, n_dec, causal=True, cross_attention=True, rope=rope)

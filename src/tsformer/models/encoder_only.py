@@ -35,6 +35,7 @@ from torch import nn
 from tsformer.nn.blocks import TransformerStack
 from tsformer.nn.config import TransformerConfig
 from tsformer.nn.conv_embedding import StridedTokens
+from tsformer.nn.dropout import Dropout
 from tsformer.nn.embedding import build_embedding, token_grid
 from tsformer.nn.masks import padding_mask
 from tsformer.nn.patching import Patching, n_step_positions, n_step_tokens, step_positions, token_features
@@ -82,7 +83,7 @@ class EncoderOnly(nn.Module):
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout, cfg.fast_dropout)
         self.encoder = TransformerStack(cfg, cfg.n_layers, rope=rope)
         self.use_cls = cfg.head == "classification" and cfg.pooling == "cls"
         if self.use_cls:

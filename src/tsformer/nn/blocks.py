@@ -32,6 +32,7 @@ from torch import nn
 
 from tsformer.nn.attention import CrossAttention, ResidualSelfAttention, SelfAttention
 from tsformer.nn.config import TransformerConfig
+from tsformer.nn.dropout import Dropout
 from tsformer.nn.kv_cache import CrossAttentionCache, KVCache, SelfAttentionCache, SharedPrefixCache
 from tsformer.nn.positional import RelativePositionBias, RotaryEmbedding
 
@@ -58,16 +59,26 @@ def make_norm(cfg: TransformerConfig) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """Two linear layers applied to every step alone: d_model -> expansion * d_model -> d_model."""
+    """Two linear layers applied to every step alone: d_model -> expansion * d_model -> d_model.
 
-    def __init__(self, d_model: int, expansion: int = 4, activation: str = "gelu", dropout: float = 0.0):
+    fast_dropout: the dropout's fast mask (`nn/dropout.py`); off: torch's dropout.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        expansion: int = 4,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        fast_dropout: bool = False,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         self.net = nn.Sequential(
             nn.Linear(d_model, expansion * d_model),
             ACTIVATIONS[activation](),
-            nn.Dropout(dropout),
+            Dropout(dropout, fast_dropout),
             nn.Linear(expansion * d_model, d_model),
         )
 
@@ -92,10 +103,11 @@ class TransformerBlock(nn.Module):
         self.norm_self = make_norm(cfg)
         self.cross_attn = CrossAttention(*heads, cfg.fused_attention) if cross_attention else None
         self.norm_cross = make_norm(cfg) if cross_attention else None
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_expansion, cfg.activation, cfg.dropout, cfg.fast_dropout)
         self.norm_ffn = make_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)  # on the FFN's output
-        self.dropout_attn = nn.Dropout(cfg.attention_residual_dropout)  # on the attention sublayers' outputs
+        self.dropout = Dropout(cfg.dropout, cfg.fast_dropout)  # on the FFN's output
+        # on the attention sublayers' outputs
+        self.dropout_attn = Dropout(cfg.attention_residual_dropout, cfg.fast_dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer, dropout: nn.Module) -> torch.Tensor:
         if self.pre_norm:

@@ -22,6 +22,9 @@ class TransformerConfig:
     # it out twice in a row (its projection's dropout, then the residual's), which is one dropout of
     # 1 - (1 - p)^2 in distribution: 0.51 at its ETTh1 dropout 0.3, 0.36 at its ETTm1 0.2
     attention_output_dropout: float | None = None
+    # dropout masks from 16 random bits an element instead of a Bernoulli draw (nn/dropout.py): the same
+    # dropout in distribution, other masks than torch's, so off by default (it keeps runs' numbers)
+    fast_dropout: bool = False
     norm: str = "pre"  # "pre" (modern default, stable) | "post" (original paper, wants LR warmup)
     norm_layer: str = (
         "layer"  # "layer" (LayerNorm) | "batch" (BatchNorm over the batch's tokens, encoders only)
