@@ -17,8 +17,6 @@ it unchanged. `logits` are the ridge's scores (on the classes' +1/-1 scale).
 
 from __future__ import annotations
 
-import warnings
-
 import lightning as L
 import numpy as np
 import torch
@@ -29,9 +27,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from tsformer.models.random_kernel_ridge import RandomKernelRidge
 from tsformer.tasks.classification import ClassificationTask, MajorityClass, SummaryLogistic, class_metrics
+from tsformer.tasks.solved import SolvedAtFitStart
 
 
-class RandomKernelRidgeTask(ClassificationTask):
+class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
     """`model=random_kernel_ridge` (see the module docstring).
 
     `n_features`: PPV features (84 kernels x dilations x biases); `diff`: half of them from the series'
@@ -80,7 +79,6 @@ class RandomKernelRidgeTask(ClassificationTask):
         self.baselines = [MajorityClass(), SummaryLogistic()]
         self.test_outputs: dict[str, np.ndarray] = {}
         self._test_parts: list[tuple] = []
-        self._none_on_purpose = None
 
     @staticmethod
     def _shapes(layout, d_in: int, n_classes: int) -> dict[str, tuple]:
@@ -106,7 +104,7 @@ class RandomKernelRidgeTask(ClassificationTask):
 
     # -- the fit, in closed form ----------------------------------------------------------------------
 
-    def on_fit_start(self) -> None:
+    def solve(self) -> None:
         train = self.trainer.datamodule.datasets["train"]
         x, valid = (torch.as_tensor(a) for a in train.padded())
         self.ridge.fit(x, valid, train.labels, len(self.classes))
@@ -118,30 +116,12 @@ class RandomKernelRidgeTask(ClassificationTask):
             getattr(self.net, name).copy_(tensor)
         self.temperature = self.hparams.temperature = self.ridge.temperature
         self.calibration = leave_one_out(self.temperature, len(train))
-        # `training_step` returns None on purpose (no optimiser step): Lightning's warning, for this fit only
-        self._none_on_purpose = warnings.catch_warnings()
-        self._none_on_purpose.__enter__()
-        warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
-
-    def on_fit_end(self) -> None:
-        self._restore_warnings()
-
-    def on_exception(self, exception: BaseException) -> None:
-        self._restore_warnings()
-
-    def _restore_warnings(self) -> None:
-        if self._none_on_purpose is not None:
-            self._none_on_purpose.__exit__(None, None, None)
-            self._none_on_purpose = None
 
     def configure_optimizers(self):
         return None  # nothing moves by gradient
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
-        return None  # the weights are solved for (`on_fit_start`)
-
-    def on_train_epoch_end(self) -> None:
-        self.trainer.should_stop = True  # one epoch: the weights are final before it
+        return None  # the weights are solved for (`solve`)
 
     # -- scores ---------------------------------------------------------------------------------------
 
