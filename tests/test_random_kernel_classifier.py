@@ -51,7 +51,7 @@ def trained(tmp_path_factory):
         cfg = compose_config(
             [
                 "model=random_kernel_ridge", "data=sequences", f"data.train={train}", f"data.test={test}",
-                "data.val_fraction=0", "callbacks=last_weights", "logger=mlflow",
+                "data.val_fraction=0", "callbacks=last_weights", "logger=mlflow", "figures=false",
                 "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
             ],
             folder / "run",
@@ -60,6 +60,7 @@ def trained(tmp_path_factory):
     return result, folder, train, test
 
 
+@pytest.mark.slow
 def test_train_py_solves_it_beside_the_baselines(trained):
     result, *_ = trained
     m = result.metrics
@@ -71,6 +72,7 @@ def test_train_py_solves_it_beside_the_baselines(trained):
     assert m["calibration/temperature"] == pytest.approx(calibration["temperature"])
 
 
+@pytest.mark.slow
 def test_predict_py_serve_and_pyfunc_give_the_runs_probabilities(trained, tmp_path):
     result, folder, _, test = trained
     model = Classifier.load(result.model_folder)
@@ -91,6 +93,7 @@ def test_predict_py_serve_and_pyfunc_give_the_runs_probabilities(trained, tmp_pa
         np.testing.assert_allclose(frame[p_cols].to_numpy(float), training[p_cols].to_numpy(float), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_folder_loads_without_the_training_data(trained, tmp_path):
     result, _, train, test = trained
     moved = shutil.copytree(result.model_folder, tmp_path / "model")
