@@ -44,7 +44,7 @@ from scipy.stats import rankdata
 
 from tsformer.data.sequences import SequenceDataModule
 from tsformer.data.ts_format import archive_ts_file
-from tsformer.jobs.classification.random_kernel_ridge import RandomKernelRidge
+from tsformer.models.random_kernel_ridge import RandomKernelRidge
 from tsformer.tasks.classification import score
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +62,7 @@ NOTES_MARK = "<!-- notes: kept by classification_pool.py -->"
 SELECTION_RULE = f"""## The selection rule (committed before the test stage was run)
 
 Candidates (`CANDIDATES` in the script): a ridge on random dilated kernel features
-(`tsformer.jobs.classification.random_kernel_ridge`, kernels `tsformer.nn.random_kernels`) with 9,996
+(`tsformer.models.random_kernel_ridge`, kernels `tsformer.nn.random_kernels`) with 9,996
 features (`rk-ridge-10k`), the same split between the series and their first differences
 (`rk-ridge-10k-diff`), and 2,520 features (`rk-ridge-2.5k`). The recipe for the test stage is the
 candidate with the highest mean validation accuracy over the pool's sets (validation: a stratified

@@ -147,3 +147,18 @@ def test_any_other_mlflow_error_of_logging_datasets_is_raised(tmp_path):
             OmegaConf.to_container(cfg.data, resolve=True),
             instantiate(cfg.data),
         )
+
+
+def test_an_archive_ts_file_is_logged_as_its_series(tmp_path):
+    """A .ts file (data.archive=, data.train=X_TRAIN.ts) is logged as its long table, named by path."""
+    text = "@problemName Tiny\n@univariate true\n@equalLength true\n@seriesLength 3\n@classLabel true a b\n@data\n"
+    text += "".join(f"{i},{i + 1},{i + 2}:{'ab'[i % 2]}\n" for i in range(6))
+    (tmp_path / "Tiny").mkdir()
+    for split in ("TRAIN", "TEST"):
+        (tmp_path / "Tiny" / f"Tiny_{split}.ts").write_text(text)
+    found = inputs_of(["data=sequences", f"data.archive={tmp_path}", "data.name=Tiny"], tmp_path)
+    assert [(name, context) for name, _, _, context in described(found)] == [
+        ("Tiny_TRAIN.ts", "training"),
+        ("Tiny_TEST.ts", "testing"),
+    ]
+    assert json.loads(found[0].dataset.profile)["num_rows"] == 18  # 6 series of 3 steps

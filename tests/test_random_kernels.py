@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tsformer.jobs.classification.random_kernel_ridge import RandomKernelRidge, ridge_loo
+from tsformer.models.random_kernel_ridge import RandomKernelRidge, ridge_loo
 from tsformer.nn.random_kernels import RandomDilatedKernels, kernel_weights
 
 

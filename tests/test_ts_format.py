@@ -122,3 +122,23 @@ def test_long_table_and_ts_give_the_same_tensors(name):
         assert len(a.samples) == len(b.samples)
         for x, y in zip(a.samples, b.samples, strict=True):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_ts_file_as_its_long_table_reads_back_as_the_same_series(tmp_path):
+    """`TsFile.long_table` (what a run logs of a .ts file to MLflow): the long-table route reads it as
+    the .ts route reads the file."""
+    rows = [f"{i},{i + 1},{i % 3}:{10 - i},{i},{i}:{'up' if i % 2 else 'down'}" for i in range(12)]
+    path = write(tmp_path, TINY.split("@data\n")[0] + "@data\n" + "\n".join(rows) + "\n")
+    table = read_ts(path).long_table()
+    assert list(table.columns) == ["series_id", "step", "ch0", "ch1", "label"] and len(table) == 36
+    table.to_csv(tmp_path / "long.csv", index=False)
+    ts, long = (
+        SequenceDataModule(str(path), str(path)),
+        SequenceDataModule(str(tmp_path / "long.csv"), str(path)),
+    )
+    for data in (ts, long):
+        data.val_fraction = 0.0
+        data.setup()
+    assert ts.classes == long.classes and ts.channel_names == long.channel_names
+    for x, y in zip(ts.datasets["train"].samples, long.datasets["train"].samples, strict=True):
+        np.testing.assert_array_equal(x, y)

@@ -61,13 +61,15 @@ def _dataset(table, spec, data_name: str, csv: Mapping):
     from mlflow.data.code_dataset_source import CodeDatasetSource
 
     from tsformer.data.sources import load_table
+    from tsformer.data.ts_format import read_ts
 
     if isinstance(table, pd.DataFrame):
         frame, name = table, data_name
         source = CodeDatasetSource(_call_tags(spec))
     else:  # read again as the data module read it (a path names the file as the run resolved it)
         path = Path(table).expanduser().resolve()
-        frame, name, source = load_table(path, **csv), path.name, str(path)
+        frame = read_ts(path).long_table() if path.suffix.lower() == ".ts" else load_table(path, **csv)
+        name, source = path.name, str(path)
     with warnings.catch_warnings():  # notes a user cannot act on
         # MLflow registers its local file source twice, and hints at integer columns of a model input
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")

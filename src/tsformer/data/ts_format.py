@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from tsformer.data.schema import DataValidationError
 
@@ -44,6 +45,20 @@ class TsFile:
     @property
     def n_dims(self) -> int:
         return self.x[0].shape[1]
+
+    def long_table(self) -> pd.DataFrame:
+        """The series as the long table `data=sequences` reads: series_id (0, 1, ... in file order),
+        step, ch0, ch1, ..., label (when the file has labels); one row per series and step."""
+        frame = pd.DataFrame(
+            {
+                "series_id": np.repeat(np.arange(len(self.x)), [len(x) for x in self.x]),
+                "step": np.concatenate(self.steps),
+                **{f"ch{d}": np.concatenate([x[:, d] for x in self.x]) for d in range(self.n_dims)},
+            }
+        )
+        if self.labels is not None:
+            frame["label"] = np.repeat(self.labels, [len(x) for x in self.x])
+        return frame
 
 
 def read_ts(path) -> TsFile:

@@ -102,6 +102,28 @@ class RandomDilatedKernels(nn.Module):
             self.biases.append(biases)
         return self
 
+    def layout(self) -> tuple[list[int], list[int]]:
+        """What the fit chose that shapes its tensors: the dilations and each one's number of biases."""
+        return list(self.dilations), [int(b.shape[1]) for b in self.biases]
+
+    def fitted_tensors(self) -> dict[str, torch.Tensor]:
+        """The fit's draws as tensors: channels `(n_d, D, 84)`, biases `(F,)` in feature order."""
+        return {
+            "channels": torch.stack(self.channels),
+            "biases": torch.cat([b.flatten() for b in self.biases]),
+        }
+
+    def restore(self, layout: tuple[list[int], list[int]], tensors: dict[str, torch.Tensor]):
+        """The fitted transform again from `layout()` and `fitted_tensors()` (a model folder's)."""
+        dilations, n_biases = layout
+        self.dilations = [int(d) for d in dilations]
+        self.padded = [(np.arange(len(TAPS_AT_TWO)) + i) % 2 == 0 for i in range(len(dilations))]
+        self.channels = list(tensors["channels"].float().unbind(0))
+        sizes = [len(TAPS_AT_TWO) * int(n) for n in n_biases]
+        flat = tensors["biases"].double().split(sizes)
+        self.biases = [b.reshape(len(TAPS_AT_TWO), int(n)) for b, n in zip(flat, n_biases, strict=True)]
+        return self
+
     def forward(self, x: torch.Tensor, valid: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """x (S, T, D), valid (S, T) -> (S, F) features in x's dtype, `chunk` series at a time."""
         if not self.fitted:

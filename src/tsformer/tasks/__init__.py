@@ -11,6 +11,7 @@ from tsformer.tasks.forecasting import (
 )
 from tsformer.tasks.masked import MaskedFillIn
 from tsformer.tasks.pretraining import MaskedPretraining
+from tsformer.tasks.random_kernel_classifier import RandomKernelRidgeTask
 from tsformer.tasks.reconstruction import ReconstructionTask
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "LinearForecaster",
     "MaskedFillIn",
     "MaskedPretraining",
+    "RandomKernelRidgeTask",
     "ReconstructionTask",
     "WindowTask",
 ]

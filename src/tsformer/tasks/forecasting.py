@@ -37,8 +37,6 @@ step at once (`predict_params`).
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from tsformer.models import (
@@ -56,6 +54,7 @@ from tsformer.nn.channel_mixing import ChannelMixing
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
 from tsformer.tasks.baselines import LinearForecast, window_batches
 from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
+from tsformer.tasks.solved import SolvedAtFitStart
 
 
 def history(batch: dict) -> torch.Tensor:
@@ -404,7 +403,7 @@ class EncoderForecaster(_Forecaster):
         return self.head.params(self.net(self.tokens(batch)))  # (B, M, Dy, P)
 
 
-class LinearForecaster(_Forecaster):
+class LinearForecaster(SolvedAtFitStart, _Forecaster):
     """`model=linear`: the closed-form linear forecaster as a model family (`models/linear.py`).
 
     `subtract`: each window's reference (last | mean); `penalties`: the relative ridge penalties the
@@ -430,34 +429,15 @@ class LinearForecaster(_Forecaster):
             LinearConfig(hp.context_len, hp.horizon, hp.d_known, hp.subtract, penalties)
         )  # the static features appended to the known covariates are not read (d_known first)
 
-    def on_fit_start(self) -> None:
+    def solve(self) -> None:
         dm = self.trainer.datamodule
         self.val_mse_by_penalty = self.net.fit(
             window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
         )
-        # `training_step` returns None on purpose (no optimiser step): Lightning's warning that it did,
-        # for this fit only
-        self._none_on_purpose = warnings.catch_warnings()
-        self._none_on_purpose.__enter__()
-        warnings.filterwarnings("ignore", message=r"`training_step` returned `None`")
-
-    def on_fit_end(self) -> None:
-        self._restore_warnings()
-
-    def on_exception(self, exception: BaseException) -> None:
-        self._restore_warnings()
-
-    def _restore_warnings(self) -> None:
-        if getattr(self, "_none_on_purpose", None) is not None:
-            self._none_on_purpose.__exit__(None, None, None)
-            self._none_on_purpose = None
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         # train/loss logged as any model's; None: no optimiser step, the weights are solved for (`on_fit_start`)
         super().training_step(batch, batch_idx)
-
-    def on_train_epoch_end(self) -> None:
-        self.trainer.should_stop = True  # one epoch: the weights are final before it
 
     def teacher_forced(self, batch: dict):
         return self.predict_target(batch), batch["fut_target"], valid_steps(batch, "fut")

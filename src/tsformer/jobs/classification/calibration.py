@@ -145,7 +145,10 @@ def cross_fitted_logits(datamodule: ClassificationData, folds: int, fitted: Fitt
 
 def calibrate(task, datamodule, fitted: Fitted) -> Calibration:
     """Fit `task`'s temperature (module docstring), set it on the task and return it. The task holds the
-    weights that are tested (the best checkpoint's are loaded first when there is one)."""
+    weights that are tested (the best checkpoint's are loaded first when there is one). A task that fits
+    its own (`fits_own_temperature`: the random-kernel ridge's, on leave-one-out scores) keeps it."""
+    if getattr(task, "fits_own_temperature", False):
+        return task.calibration
     if task.hparams.get("calibration", "temperature") == "none":
         found = NONE
     else:

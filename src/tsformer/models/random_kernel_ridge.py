@@ -71,6 +71,34 @@ class RandomKernelRidge:
     def predict_proba(self, x: torch.Tensor, valid: torch.Tensor, calibrated: bool = True) -> np.ndarray:
         return softmax(self.decision(x, valid) / (self.temperature if calibrated else 1.0))
 
+    # -- as tensors (a model folder keeps these, `tasks.classification.RandomKernelRidgeTask`) --------
+
+    def layout(self) -> list[tuple[list[int], list[int]]]:
+        """Per view (the series, their differences): the kernels' dilations and biases per dilation."""
+        return [k.layout() for k in self.kernels]
+
+    def fitted_tensors(self) -> dict[str, torch.Tensor]:
+        """Every fitted number: the kernels' draws (`view<i>_...`), standardisation, ridge weights."""
+        out = {
+            f"view{i}_{name}": t for i, k in enumerate(self.kernels) for name, t in k.fitted_tensors().items()
+        }
+        for name in ("mean", "scale", "coef", "y_mean"):
+            out[name] = torch.as_tensor(getattr(self, name), dtype=torch.float64)
+        return out
+
+    def restore(self, layout, tensors: dict[str, torch.Tensor], temperature: float) -> RandomKernelRidge:
+        """The fitted model again from `layout()`, `fitted_tensors()` and its temperature."""
+        self.kernels = [
+            RandomDilatedKernels(self.n_features // len(layout), seed=self.seed + i).restore(
+                view, {name: tensors[f"view{i}_{name}"] for name in ("channels", "biases")}
+            )
+            for i, view in enumerate(layout)
+        ]
+        for name in ("mean", "scale", "coef", "y_mean"):
+            setattr(self, name, tensors[name].double().cpu().numpy())
+        self.temperature = float(temperature)
+        return self
+
 
 def ridge_loo(Z: np.ndarray, Y: np.ndarray, alphas) -> tuple[float, np.ndarray, np.ndarray]:
     """Ridge with an intercept on centred features Z (S, P) and targets Y (S, C), through the Gram
