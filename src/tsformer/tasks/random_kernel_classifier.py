@@ -67,7 +67,7 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
         self.classes = [str(c) for c in classes]
         n_classes = len(self.classes)
         self.temperature = float(temperature)
-        self.calibration = leave_one_out(self.temperature, 0)
+        self.loo_samples = 0  # the training series whose leave-one-out scores fitted the temperature
         self.ridge = RandomKernelRidge(n_features, diff=diff, seed=seed)
         self.net = nn.Module()  # the fitted tensors, as buffers (none moves by gradient)
         for name, shape in self._shapes(layout, d_in, n_classes).items():
@@ -115,7 +115,7 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
         for name, tensor in self.ridge.fitted_tensors().items():
             getattr(self.net, name).copy_(tensor)
         self.temperature = self.hparams.temperature = self.ridge.temperature
-        self.calibration = leave_one_out(self.temperature, len(train))
+        self.loo_samples = len(train)
 
     def configure_optimizers(self):
         return None  # nothing moves by gradient
@@ -140,10 +140,3 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
         scores = self(batch["x"], batch["valid"]) / self.temperature  # val/loss: the calibrated log loss
         self.val_loss.update(F.cross_entropy(scores, batch["label"], reduction="none"))
         self.val_accuracy.update(scores, batch["label"])
-
-
-def leave_one_out(temperature: float, n_samples: int):
-    """The model folder's calibration record of a temperature fitted on leave-one-out scores."""
-    from tsformer.jobs.classification.calibration import Calibration  # the job's module imports the tasks
-
-    return Calibration("temperature", temperature, "leave-one-out", n_samples)

@@ -52,7 +52,7 @@ class Calibration:
 
     method: str  # "temperature" | "none"
     temperature: float
-    fitted_on: str  # "validation" | "cross-fitting" | "none": which samples' logits
+    fitted_on: str  # "validation" | "cross-fitting" | "leave-one-out" | "none": which samples' scores
     n_samples: int  # how many
     folds: int = 0  # cross-fitting's K (0 otherwise)
 
@@ -148,6 +148,7 @@ def calibrate(task, datamodule, fitted: Fitted) -> Calibration:
     weights that are tested (the best checkpoint's are loaded first when there is one). A task that fits
     its own (`fits_own_temperature`: the random-kernel ridge's, on leave-one-out scores) keeps it."""
     if getattr(task, "fits_own_temperature", False):
+        task.calibration = Calibration("temperature", task.temperature, "leave-one-out", task.loo_samples)
         return task.calibration
     if task.hparams.get("calibration", "temperature") == "none":
         found = NONE
