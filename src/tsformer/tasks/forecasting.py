@@ -255,13 +255,13 @@ class EncoderForecaster(_Forecaster):
 
     def on_fit_start(self) -> None:
         dm = self.trainer.datamodule
-        solved = self.linear_path is not None and bool(self.linear_path.penalty.isnan())
-        if solved:  # not solved yet (resumed, or started from a model folder: kept)
+        solve_now = self.linear_path is not None and bool(self.linear_path.penalty.isnan())
+        if solve_now:  # not solved yet (resumed, or started from a model folder: kept)
             self.fit_linear_path(dm)
         if self.linear_reference is not None and self.trainer.ckpt_path is None:  # not resumed
             # this run's own linear forecaster (weights from a model folder are not), chosen again after the fit
             self.linear_gate_fitted.fill_(False)
-            if solved:  # the same solve: its solved weights, before any training
+            if solve_now:  # solved just now: its solved weights, before any training
                 self.linear_reference.load_state_dict(self.linear_path.state_dict())
             else:
                 self.linear_reference.fit(
