@@ -208,7 +208,7 @@ class AnomalyScoring:
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
         self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
-        if self.threshold_rows == "normal" and {"memory", "window_memory"} & set(self.parts):
+        if self.threshold_rows == "normal" and self.remembers:
             what = (
                 f"score={score}" if self.is_scored.any() else "a table of states and constants (the memory)"
             )
@@ -248,6 +248,11 @@ class AnomalyScoring:
         if self.hparams.score == WINDOW_COMBINATION:
             return WINDOW_PARTS
         return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
+
+    @property
+    def remembers(self) -> bool:
+        """Whether a part scores by the memory (of embeddings or of raw windows)."""
+        return bool({"memory", "window_memory"} & set(self.parts))
 
     @property
     def window(self) -> int:
@@ -732,11 +737,10 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     ) -> np.ndarray:
         """The memory of the train rows' windows, the calibration on `val` (their distances to it), then
         the validation windows added to the memory."""
-        remembers = bool({"memory", "window_memory"} & set(self.parts))
-        if remembers:
+        if self.remembers:
             self.build_memory([train])
         val_scores = self.calibrate(val, normal)
-        if remembers:
+        if self.remembers:  # score=auto's choice is made by `calibrate`
             self.build_memory([train, val])
         elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
             self.memory.replace(self.memory.keys[:0], self.memory.rows[:0], self.memory.starts[:0])
