@@ -41,8 +41,9 @@ def nearest_distance(rows: np.ndarray, memory: list[np.ndarray], stride: int) ->
     return rows_of_windows(distance, starts, N, len(rows))
 
 
-def test_the_combination_is_the_mean_of_each_part_over_its_validation_quantile():
-    task = detector()
+@pytest.mark.parametrize("power", [0.5, 1.0])
+def test_the_combination_is_the_mean_of_each_part_over_its_validation_quantile(power):
+    task = detector(restoration_power=power)
     train, val, judged = tables()
     assert task.parts == ("restoration", "window_memory")
     val_scores = task.prepare_scoring(train, val)
@@ -54,7 +55,7 @@ def test_the_combination_is_the_mean_of_each_part_over_its_validation_quantile()
     assert scales["restoration"] == pytest.approx(np.quantile(restoration_val, PART_QUANTILE))
     assert scales["window_memory"] == pytest.approx(np.quantile(memory_val, PART_QUANTILE), rel=1e-5)
     np.testing.assert_allclose(
-        val_scores, (np.sqrt(restoration_val / scales["restoration"]) + memory_val / scales["window_memory"]) / 2,
+        val_scores, ((restoration_val / scales["restoration"]) ** power + memory_val / scales["window_memory"]) / 2,
         rtol=1e-5,
     )  # fmt: skip
     # the judged rows: against every normal window (train and validation), the same scales
@@ -63,7 +64,7 @@ def test_the_combination_is_the_mean_of_each_part_over_its_validation_quantile()
     window = nearest_distance(judged.to_numpy(), [train.to_numpy(), val.to_numpy()], task.stride)
     np.testing.assert_allclose(scores.parts["window_memory"], window, rtol=1e-5)
     restoration = scores.parts["restoration"]
-    expected = (np.sqrt(restoration / scales["restoration"]) + window / scales["window_memory"]) / 2
+    expected = ((restoration / scales["restoration"]) ** power + window / scales["window_memory"]) / 2
     np.testing.assert_allclose(scores.score, expected, rtol=1e-5)
     np.testing.assert_allclose(scores.contributions.sum(1), scores.score, rtol=1e-6)
     assert scores.top_channels(1)[31] == ["target_1"]  # the faulty channel leads
@@ -107,3 +108,5 @@ def test_the_window_memory_leaves_known_inputs_out_and_a_table_of_states_scores_
     assert states.parts == ("window_memory",)
     with pytest.raises(ValueError, match="threshold_rows='normal' with score=restoration"):
         detector(threshold_rows="normal")
+    with pytest.raises(ValueError, match="restoration_power=0: above 0"):
+        detector(restoration_power=0)

@@ -37,7 +37,8 @@ channel over a block of N/4..N steps), `model.score`:
   `memory`, the window's standardised values themselves in place of its embedding, known inputs left
   out; the benchmarks' window-memory peer at the detector's stride, in float32, a coreset of
   `memory_size`); each part divided by its `PART_QUANTILE` on the validation rows (their distances to
-  the train rows' windows alone), restoration through its square root, and the two averaged.
+  the train rows' windows alone), restoration to the power `restoration_power` (0.5: its square root),
+  and the two averaged.
 
 `ForecastAnomalyDetector` (`model=dec_only_anomaly`, `model.score=forecast`): the decoder-only family
 with a Gaussian head predicts each step from the `context_len` rows before it alone; a step's surprise
@@ -88,6 +89,7 @@ HYBRID_PARTS = ("memory", "restoration")
 WINDOW_COMBINATION = "restoration+window_memory"
 WINDOW_PARTS = ("restoration", "window_memory")
 PART_QUANTILE = 0.99
+RESTORATION_POWER = 0.5  # restoration's normalised score to this power in the combination
 # a row's score: its covering windows' scores, its own part in them, or (issue 34's folders) each of its
 # values' raw errors over the covering windows, scaled after
 ROW_SCORES = ("window", "own", "value")
@@ -394,17 +396,19 @@ class AnomalyScoring:
         return Scores(total.sum(axis=1), total, self.channels, part_scores)
 
     def window_combination(self, parts: dict[str, np.ndarray]) -> Scores:
-        """`model.score=restoration+window_memory`: the mean of sqrt(restoration / its scale) and
+        """`model.score=restoration+window_memory`: the mean of (restoration / its scale) ** p and
         window_memory / its scale, each scale the part's `PART_QUANTILE` on the validation rows
-        (`part_scales`, set by `calibrate`); each normalised part split over its channels as the part is."""
+        (`part_scales`, set by `calibrate`), p `restoration_power` (0.5: squared errors through their
+        square root); each normalised part split over its channels as the part is."""
         scales = self.hparams.get("part_scales") or {}
+        power = float(self.hparams.get("restoration_power", RESTORATION_POWER))
         total, part_scores = 0.0, {}
         for name, contributions in parts.items():
             score = contributions.sum(axis=1)  # (T,)
             share = contributions / np.where(score > 0, score, 1.0)[:, None]  # (T, C)
             normalised = score / float(scales.get(name, 1.0))
             if name == "restoration":
-                normalised = np.sqrt(normalised)
+                normalised = normalised**power
             total = total + normalised[:, None] * share / len(parts)
             part_scores[name] = score
         return Scores(total.sum(axis=1), total, self.channels, part_scores)
@@ -571,11 +575,14 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
         part_scales: dict | None = None,  # score=restoration+window_memory: each part's scale (`calibrate`)
+        restoration_power: float = RESTORATION_POWER,  # ... and restoration's power in it
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
     ):
         super().__init__(*args, **kwargs)
+        if not float(restoration_power) > 0.0:
+            raise ValueError(f"restoration_power={restoration_power}: above 0 (0.5: the square root)")
         settings = {"n_masks": n_masks, "run_length": run_length, "stride": stride, "memory_size": memory_size,
                     "n_neighbours": n_neighbours}  # fmt: skip
         for name, value in settings.items():
