@@ -33,6 +33,12 @@ channel over a block of N/4..N steps), `model.score`:
   contribution of a channel is the mean of its errors over the window, divided by the scored channels.
 - `hybrid`: the mean over memory and restoration of log(1 + part / its median on the validation
   rows), a rule fixed in advance; each part's row scores are kept beside it (`Scores.parts`).
+- `restoration+window_memory`: restoration beside the memory of raw windows (`window_memory`: as
+  `memory`, the window's standardised values themselves in place of its embedding, known inputs left
+  out; the benchmarks' window-memory peer at the detector's stride, in float32, a coreset of
+  `memory_size`); each part divided by its `PART_QUANTILE` on the validation rows (their distances to
+  the train rows' windows alone), restoration to the power `restoration_power` (0.5: its square root),
+  and the two averaged.
 
 `ForecastAnomalyDetector` (`model=dec_only_anomaly`, `model.score=forecast`): the decoder-only family
 with a Gaussian head predicts each step from the `context_len` rows before it alone; a step's surprise
@@ -78,6 +84,12 @@ DEPARTURE_QUANTILE = 0.99  # ... which scores as the validation rows' 99th perce
 ERROR_FLOOR = 0.5  # ... and at least this share of the median of the scored channels' (relative floor)
 EVENT_RULE = {"k": 1, "n": 1, "merge_gap": 10, "min_duration": 1}  # `tasks.alarms.EventRule`'s defaults
 HYBRID_PARTS = ("memory", "restoration")
+# restoration beside the memory of raw windows (issue 57): each part over its validation rows'
+# `PART_QUANTILE`, restoration through its square root (squared errors on the footing of distances), averaged
+WINDOW_COMBINATION = "restoration+window_memory"
+WINDOW_PARTS = ("restoration", "window_memory")
+PART_QUANTILE = 0.99
+RESTORATION_POWER = 0.5  # restoration's normalised score to this power in the combination
 # a row's score: its covering windows' scores, its own part in them, or (issue 34's folders) each of its
 # values' raw errors over the covering windows, scaled after
 ROW_SCORES = ("window", "own", "value")
@@ -198,7 +210,7 @@ class AnomalyScoring:
         self.is_state = np.isin(self.channels, state_channels or [])  # (C,)
         self.is_constant = np.isin(self.channels, constant_channels or [])  # (C,)
         self.is_known = np.isin(self.channels, known_channels)  # (C,): conditions, never hidden nor scored
-        if self.threshold_rows == "normal" and "memory" in self.parts:
+        if self.threshold_rows == "normal" and self.remembers:
             what = (
                 f"score={score}" if self.is_scored.any() else "a table of states and constants (the memory)"
             )
@@ -231,11 +243,18 @@ class AnomalyScoring:
         measured channel, nothing is restored: a detector with a memory scores by the memory alone (a
         table of states and constants is scored, never refused)."""
         if not self.is_scored.any() and "memory" in self.scores:
-            return ("memory",)
+            return ("window_memory",) if self.hparams.score == WINDOW_COMBINATION else ("memory",)
         if self.hparams.score == "auto":  # both until the validation rows choose one (`chosen_part`)
             chosen = self.hparams.get("chosen_score")
             return (chosen,) if chosen else HYBRID_PARTS
+        if self.hparams.score == WINDOW_COMBINATION:
+            return WINDOW_PARTS
         return HYBRID_PARTS if self.hparams.score == "hybrid" else (self.hparams.score,)
+
+    @property
+    def remembers(self) -> bool:
+        """Whether a part scores by the memory (of embeddings or of raw windows)."""
+        return bool({"memory", "window_memory"} & set(self.parts))
 
     @property
     def window(self) -> int:
@@ -365,12 +384,32 @@ class AnomalyScoring:
         if len(parts) == 1:
             (contributions,) = parts.values()
             return Scores(contributions.sum(axis=1), contributions, self.channels)
+        if self.hparams.score == WINDOW_COMBINATION:
+            return self.window_combination(parts)
         medians = self.part_median.cpu().numpy()
         total, part_scores = 0.0, {}
         for (name, contributions), median in zip(parts.items(), medians, strict=True):
             score = contributions.sum(axis=1)  # (T,)
             share = contributions / np.where(score > 0, score, 1.0)[:, None]  # (T, C)
             total = total + np.log1p(score / median)[:, None] * share / len(parts)
+            part_scores[name] = score
+        return Scores(total.sum(axis=1), total, self.channels, part_scores)
+
+    def window_combination(self, parts: dict[str, np.ndarray]) -> Scores:
+        """`model.score=restoration+window_memory`: the mean of (restoration / its scale) ** p and
+        window_memory / its scale, each scale the part's `PART_QUANTILE` on the validation rows
+        (`part_scales`, set by `calibrate`), p `restoration_power` (0.5: squared errors through their
+        square root); each normalised part split over its channels as the part is."""
+        scales = self.hparams.get("part_scales") or {}
+        power = float(self.hparams.get("restoration_power", RESTORATION_POWER))
+        total, part_scores = 0.0, {}
+        for name, contributions in parts.items():
+            score = contributions.sum(axis=1)  # (T,)
+            share = contributions / np.where(score > 0, score, 1.0)[:, None]  # (T, C)
+            normalised = score / float(scales.get(name, 1.0))
+            if name == "restoration":
+                normalised = normalised**power
+            total = total + normalised[:, None] * share / len(parts)
             part_scores[name] = score
         return Scores(total.sum(axis=1), total, self.channels, part_scores)
 
@@ -402,7 +441,12 @@ class AnomalyScoring:
         if self.hparams.score == "auto" and len(parts) > 1:  # the series' own choice, no label read
             self.hparams.chosen_score = chosen_part(parts)
             parts = {self.hparams.chosen_score: parts[self.hparams.chosen_score]}
-        if len(parts) > 1:
+        if self.hparams.score == WINDOW_COMBINATION:  # each part's scale, of these normal rows alone
+            self.hparams.part_scales = {
+                name: max(float(np.quantile(p.sum(axis=1), PART_QUANTILE)), 1e-12)
+                for name, p in parts.items()
+            }
+        elif len(parts) > 1:
             medians = [np.median(p.sum(axis=1)) for p in parts.values()]
             self.part_median.copy_(torch.as_tensor(np.maximum(medians, 1e-12)))
         combined = self.combined(parts)
@@ -501,7 +545,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     memory of normal windows on its encoder and the restoration of hidden values."""
 
     method = "masked"
-    scores = ("memory", "restoration", "hybrid", "auto")
+    scores = ("memory", "restoration", "hybrid", "auto", WINDOW_COMBINATION)
 
     def __init__(
         self,
@@ -530,11 +574,15 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         val_score_tail: float | None = None,  # their (1 - TAIL_FRACTION) quantile (set by `calibrate`)
         departure_scores: dict | None = None,  # a departure unit's score per score (set by `calibrate`)
         chosen_score: str | None = None,  # score=auto: the part the validation rows chose (`calibrate`)
+        part_scales: dict | None = None,  # score=restoration+window_memory: each part's scale (`calibrate`)
+        restoration_power: float = RESTORATION_POWER,  # ... and restoration's power in it
         events: dict | None = None,
         monitor: str = "val/loss",  # what checkpoints and early stopping follow (conf/callbacks reads it)
         **kwargs,  # and `MaskedFillIn`'s
     ):
         super().__init__(*args, **kwargs)
+        if not float(restoration_power) > 0.0:
+            raise ValueError(f"restoration_power={restoration_power}: above 0 (0.5: the square root)")
         settings = {"n_masks": n_masks, "run_length": run_length, "stride": stride, "memory_size": memory_size,
                     "n_neighbours": n_neighbours}  # fmt: skip
         for name, value in settings.items():
@@ -551,7 +599,9 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         self.n_kinds = 2 if channel_out else 1
         self.init_scoring(score, false_alarm_rate, events, monitor, threshold_confidence, state_channels,
                           constant_channels)  # fmt: skip
-        dim = self.hparams.context_len * self.hparams.net["d_model"]
+        # the memory holds the encoder's embeddings, or with the window memory the raw windows themselves
+        width = self.hparams.d_target if score == WINDOW_COMBINATION else self.hparams.net["d_model"]
+        dim = self.hparams.context_len * width
         self.memory = WindowMemory(int(memory_windows), int(memory_rows), dim, self.hparams.d_target)
 
     @property
@@ -616,6 +666,14 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         N = self.hparams.context_len
         return torch.from_numpy(np.stack([values[a : a + N] for a in starts])).to(self.device)  # (W, N, C)
 
+    def memory_keys(self, windows: torch.Tensor) -> torch.Tensor:
+        """`(W, D)` what the memory compares of whole windows `(W, N, C)`: their encoder embeddings, or
+        with `model.score=restoration+window_memory` their standardised values themselves, flattened
+        (known inputs zeroed: they condition, they are not compared)."""
+        if self.hparams.score != WINDOW_COMBINATION:
+            return self.embed(windows)
+        return torch.where(torch.from_numpy(self.is_known).to(windows.device), 0.0, windows).flatten(1)
+
     def embed(self, windows: torch.Tensor) -> torch.Tensor:
         """The encoder's output tokens of whole windows `(W, N, C)`, flattened: `(W, N * d_model)`."""
         out = []
@@ -632,6 +690,8 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
             out["memory"] = self.memory_contributions(windows)
         if "restoration" in self.parts:
             out["restoration"] = self.restoration_contributions(windows)
+        if "window_memory" in self.parts:
+            out["window_memory"] = self.memory_contributions(windows)
         return out
 
     # -- memory -----------------------------------------------------------------------------------
@@ -643,13 +703,15 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
         if len(self.memory.keys) == 0:
             raise RuntimeError("the detector's memory is empty: prepare_scoring(train, val) builds it")
         distance, nearest = [], []
-        for chunk in torch.split(self.embed(windows), CHUNK):
+        for chunk in torch.split(self.memory_keys(windows), CHUNK):
             d, i = self.memory.nearest(chunk, int(self.hparams.n_neighbours))
             distance.append(d)
             nearest.append(i)
         distance, nearest = torch.cat(distance), torch.cat(nearest)
         W, N, C = windows.shape
         squared = (windows - self.memory.windows(nearest, N)) ** 2  # (W, N, C)
+        if self.hparams.score == WINDOW_COMBINATION:  # the raw windows' distance leaves the known inputs out
+            squared = torch.where(torch.from_numpy(self.is_known).to(squared.device), 0.0, squared)
         total = squared.sum((1, 2), keepdim=True)
         share = torch.where(total > 0, squared / total.clamp_min(1e-30), 1.0 / (N * C))
         return (N * distance.view(W, 1, 1) * share).double().cpu().numpy()
@@ -666,7 +728,7 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
                     if len(at) < N:
                         continue
                     local = np.arange(len(at) - N + 1)
-                    keys.append(self.embed(self.windows_of(values[at], local)))
+                    keys.append(self.memory_keys(self.windows_of(values[at], local)))
                     rows.append(torch.from_numpy(values[at]))
                     starts.append(torch.from_numpy(local + offset))
                     offset += len(at)
@@ -682,10 +744,10 @@ class MaskedAnomalyDetector(AnomalyScoring, MaskedFillIn):
     ) -> np.ndarray:
         """The memory of the train rows' windows, the calibration on `val` (their distances to it), then
         the validation windows added to the memory."""
-        if "memory" in self.parts:
+        if self.remembers:
             self.build_memory([train])
         val_scores = self.calibrate(val, normal)
-        if "memory" in self.parts:
+        if self.remembers:  # score=auto's choice is made by `calibrate`
             self.build_memory([train, val])
         elif len(self.memory.keys):  # score=auto chose restoration: no memory kept in the folder
             self.memory.replace(self.memory.keys[:0], self.memory.rows[:0], self.memory.starts[:0])
