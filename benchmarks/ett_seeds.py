@@ -3,6 +3,15 @@ table: a recipe's mean of 3 seeds per row, beside the same runs' linear forecast
 
     python benchmarks/ett_seeds.py benchmarks/RESULTS_recipe/*.md
     python benchmarks/ett_seeds.py --gate benchmarks/RESULTS_gate/*.md   # rows with model.linear_gate (issue 56)
+    python benchmarks/ett_seeds.py --ungated benchmarks/RESULTS_recipe/*.md benchmarks/RESULTS_gate/E*_seed*.md \
+        benchmarks/RESULTS_gate/I*_seed*.md        # the recipe as configured (ungated) on every row
+    python benchmarks/ett_seeds.py --compare BASE.md ... -- NEW.md ...   # an option against the rows without it
+
+`--ungated`: where a file's row was run with a linear gate, its test MSE is the model's as trained
+(`gate_test_ungated`, the share 1), which is what the recipe without a gate (`model.linear_gate: none`)
+scores; other rows keep `mse`. `--compare`: per row present in both sets (same model, dataset, L, H and
+seed), the new run's `best_val_mse` over the base's (r) with both test MSEs beside, then the mean r
+over the rows and per dataset (the figures the channel-mixing rule of RESULTS_forecasting.md reads).
 
 Each file is one `ett.py --seed S --results FILE` invocation's: its main table (model, dataset, L, H,
 mse, mae, train_s, ...) and its detail table (..., linear_mse_same_run, best_val_mse, ...). Rows are
@@ -88,12 +97,79 @@ def gate_tables(paths: list[Path]) -> None:
             print(f"  {f}: {ratio:.5f}")
 
 
+def test_mse(main_row: dict, detail_row: dict, ungated: bool) -> float:
+    """A row's test MSE; with `ungated`, a gated run's model as trained (`gate_test_ungated`)."""
+    if ungated and detail_row.get("gate_test_ungated", "-") != "-":
+        return float(detail_row["gate_test_ungated"])
+    return float(main_row["mse"])
+
+
+def seed_rows(paths: list[Path], ungated: bool = False) -> dict[tuple, dict]:
+    """{(model, dataset, L, H, seed): figures} over `paths`; a row found twice must agree."""
+    found = {}
+    for path in paths:
+        seed = re.search(r"seed(\d+)", path.name)
+        main_rows, detail = rows(path)
+        for r in main_rows:
+            key = (r["model"], r["dataset"], r["L"], r["H"])
+            d = next(x for x in detail if (x["model"], x["dataset"], x["L"], x["H"]) == key)
+            figures = {
+                "val": float(d["best_val_mse"]),
+                "mse": test_mse(r, d, ungated),
+                "linear": float(d["linear_mse_same_run"]),
+                "train_s": float(r["train_s"]),
+                "steps": d["steps"],
+                "file": path.name,
+            }
+            full = (*key, seed.group(1) if seed else path.name)
+            old = found.get(full)
+            if old is not None and (old["val"], old["mse"]) != (figures["val"], figures["mse"]):
+                raise SystemExit(f"{path}: row {' '.join(full)} differs from {old['file']}'s")
+            found[full] = figures
+    return found
+
+
+def compare(base_paths: list[Path], new_paths: list[Path]) -> None:
+    """Per row in both sets: validation MSE new / base (r), test MSE of each; mean r overall and per
+    dataset. The base's test MSE is the ungated model's (`--ungated`), as the recipe is configured."""
+    base, new = seed_rows(base_paths, ungated=True), seed_rows(new_paths, ungated=True)
+    missing = sorted(set(new) - set(base))
+    if missing:
+        raise SystemExit(f"no base row for: {', '.join(' '.join(k) for k in missing)}")
+    print(
+        "| dataset | L | H | seed | val MSE without | val MSE with | r (with / without) | test MSE without "
+        "| test MSE with | linear (same run) | train s without / with | steps without / with |"
+    )
+    print("|" + "---|" * 12)
+    ratios = defaultdict(list)
+    for key in sorted(new, key=lambda k: (k[1], int(k[3]), k[4])):
+        b, n = base[key], new[key]
+        r = n["val"] / b["val"]
+        ratios[key[1]].append(r)
+        print(
+            f"| {key[1]} | {key[2]} | {key[3]} | {key[4]} | {b['val']:.4f} | {n['val']:.4f} | {r:.4f} "
+            f"| {b['mse']:.4f} | {n['mse']:.4f} | {n['linear']:.4f} | {b['train_s']:.0f} / {n['train_s']:.0f} "
+            f"| {b['steps']} / {n['steps']} |"
+        )
+    every = [r for rs in ratios.values() for r in rs]
+    print(f"\nmean r over {len(every)} rows: {statistics.mean(every):.5f}")
+    for dataset, rs in sorted(ratios.items()):
+        print(f"  {dataset} ({len(rs)} rows): {statistics.mean(rs):.5f}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--gate"]:
         gate_tables([Path(p) for p in sys.argv[2:]])
         return
+    if sys.argv[1:2] == ["--compare"]:
+        if "--" not in sys.argv:
+            raise SystemExit("--compare BASE.md ... -- NEW.md ...: the '--' between the two sets is missing")
+        cut = sys.argv.index("--")
+        compare([Path(p) for p in sys.argv[2:cut]], [Path(p) for p in sys.argv[cut + 1 :]])
+        return
+    ungated = sys.argv[1:2] == ["--ungated"]
     runs = defaultdict(list)
-    for path in map(Path, sys.argv[1:]):
+    for path in map(Path, sys.argv[1 + ungated :]):
         seed = re.search(r"seed(\d+)", path.name)
         main_rows, detail = rows(path)
         for r in main_rows:
@@ -102,7 +178,7 @@ def main() -> None:
             runs[key].append(
                 {
                     "seed": seed.group(1) if seed else path.name,
-                    "mse": float(r["mse"]),
+                    "mse": test_mse(r, d, ungated),
                     "train_s": float(r["train_s"]),
                     "linear": float(d["linear_mse_same_run"]),
                     "val": float(d["best_val_mse"]),
@@ -111,9 +187,9 @@ def main() -> None:
             )
     print(
         "| model | dataset | L | H | seeds | test MSE mean | sd | linear (same runs) | mean - linear "
-        "| best validation MSE, mean | train s a seed | steps a seed |"
+        "| mean / linear | best validation MSE, mean | train s a seed | steps a seed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|" + "---|" * 13)
     for key, seeds in sorted(runs.items(), key=lambda kv: (kv[0][1], int(kv[0][3]))):
         mse = [s["mse"] for s in seeds]
         sd = f"{statistics.stdev(mse):.4f}" if len(mse) > 1 else "-"
@@ -125,7 +201,7 @@ def main() -> None:
         steps = ", ".join(s["steps"] for s in seeds)
         print(
             f"| {' | '.join(key)} | {names} | {mean:.4f} | {sd} | {linear:.4f} | {mean - linear:+.4f} "
-            f"| {val:.4f} | {seconds} | {steps} |"
+            f"| {mean / linear:.4f} | {val:.4f} | {seconds} | {steps} |"
         )
 
 
