@@ -346,7 +346,10 @@ def test_section(rows: pd.DataFrame, published: pd.DataFrame, recipe: str, sets:
         )
     if len(peer):
         ratio = (fit / peer_fit).dropna()
-        lines.append(f"Fit time ours / MiniRocket's (same run, per set): median {ratio.median():.1f}x.")
+        lines.append(
+            f"Fit time ours / MiniRocket's (per set, from their rows; the same invocation only where both "
+            f"were measured together: see the notes): median {ratio.median():.1f}x."
+        )
     return lines
 
 
