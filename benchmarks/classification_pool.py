@@ -7,6 +7,12 @@ the same invocation and the published peers (`published_accuracy.csv`).
     python benchmarks/classification_pool.py --stage test --sets Adiac,BME --seeds 0,1,2
     python benchmarks/classification_pool.py --report                         # the results file alone
 
+Attempts (`ATTEMPTS`): each its candidates, its selection rule (committed before its test stage) and
+its sections in the results file, the latest first, the earlier kept as history; `--attempt` (default:
+the latest) names whose candidates `--stage validate` fits and whose rule picks the test recipe.
+`--choose-on ROWS` reads the rule's validation rows from another rows file (the six shared sets: the
+pool's).
+
 Resumable: every (stage, set, seed, method) is one row appended to `--rows` (a CSV) as soon as it is
 measured, and a row already there is not measured again; the results file is rewritten from the rows.
 
