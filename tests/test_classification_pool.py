@@ -45,7 +45,8 @@ def test_pool_validates_chooses_tests_and_resumes(tmp_path, monkeypatch):
     common = ["--pool", str(tmp_path / "pool"), "--rows", str(rows), "--results", str(results)]
     run(monkeypatch, "--stage", "validate", *common)
     table = pd.read_csv(rows)
-    assert len(table) == 2 * 3 and set(table.stage) == {"validate"}
+    n_candidates = len(import_benchmark("classification_pool").ATTEMPTS[2]["candidates"])
+    assert len(table) == 2 * n_candidates and set(table.stage) == {"validate"}
     assert (table.n_train + table.n_eval == 16).all()  # the TRAIN file's 16 series, split; no TEST series
     run(monkeypatch, "--stage", "test", "--sets", "SetA", *common)
     run(monkeypatch, "--stage", "test", *common)  # SetA is done: only SetB is measured
@@ -53,6 +54,7 @@ def test_pool_validates_chooses_tests_and_resumes(tmp_path, monkeypatch):
     test = table[table.stage == "test"]
     assert sorted(test.set) == ["SetA", "SetB"] and (test.n_eval == 10).all()
     text = results.read_text()
+    assert text.index("# Attempt 2") < text.index("# Attempt 1")  # the latest first, the first kept
     assert (
         "Chosen by the rule" in text
         and "| SetA |" in text

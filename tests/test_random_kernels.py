@@ -1,13 +1,20 @@
 """Random dilated kernels (tsformer.nn.random_kernels): the vectorised transform equals the loop
 reference; the ridge on their features (random_kernel_ridge): leave-one-out scores equal explicit
-refits, and a toy set is learnt with probabilities that sum to one."""
+refits, and a toy set is learnt with probabilities that sum to one; an ensemble of such ridges is
+its members' scores (or calibrated probabilities) averaged."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from tsformer.models.random_kernel_ridge import RandomKernelRidge, ridge_loo
+from tsformer.models.random_kernel_ridge import (
+    RandomKernelRidge,
+    RandomKernelRidgeEnsemble,
+    ridge_loo,
+    softmax,
+)
 from tsformer.nn.random_kernels import RandomDilatedKernels, kernel_weights
 
 
@@ -63,3 +70,44 @@ def test_ridge_learns_a_toy_set_with_calibrated_probabilities():
     np.testing.assert_allclose(proba.sum(1), 1.0)
     assert (proba.argmax(1) == labels[30:]).all()
     assert model.temperature > 0 and model.alpha in model.alphas
+
+
+def waves(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.arange(64)
+    labels = np.arange(n) % 3
+    periods = np.array([6.0, 12.0, 24.0])[labels]  # three classes: wave periods, random phase
+    x = np.sin(2 * np.pi * (t[None] / periods[:, None] + rng.random((n, 1)))) + rng.normal(0, 0.5, (n, 64))
+    return torch.tensor(x[..., None]), torch.ones(n, 64, dtype=torch.bool), labels
+
+
+@pytest.mark.parametrize("combine", ["scores", "proba"])
+def test_ensemble_is_its_members_averaged(combine):
+    x, valid, labels = waves()
+    ens = RandomKernelRidgeEnsemble(3, combine, n_features=336, seed=2).fit(
+        x[:30], valid[:30], labels[:30], 3
+    )
+    single = RandomKernelRidge(336, seed=2).fit(x[:30], valid[:30], labels[:30], 3)
+    # member 0 is the single model of the same seed; the others draw other kernels
+    np.testing.assert_array_equal(
+        ens.members[0].decision(x[30:], valid[30:]), single.decision(x[30:], valid[30:])
+    )
+    assert not np.allclose(ens.members[1].coef, ens.members[0].coef[: len(ens.members[1].coef)])
+    proba = ens.predict_proba(x[30:], valid[30:])
+    np.testing.assert_allclose(proba.sum(1), 1.0)
+    members = [m.decision(x[30:], valid[30:]) for m in ens.members]
+    if combine == "scores":  # averaged scores, one temperature fitted on the averaged leave-one-out scores
+        np.testing.assert_allclose(proba, softmax(np.mean(members, 0) / ens.temperature), rtol=1e-12)
+        np.testing.assert_allclose(ens.loo_scores, np.mean([m.loo_scores for m in ens.members], 0))
+    else:  # each member's calibrated probabilities, averaged
+        expected = np.mean([softmax(d / m.temperature) for d, m in zip(members, ens.members, strict=True)], 0)
+        np.testing.assert_allclose(proba, expected, rtol=1e-10, atol=1e-12)
+        assert ens.temperature == 1.0
+    assert (proba.argmax(1) == labels[30:]).mean() >= 0.8
+
+
+def test_ensemble_refuses_bad_settings():
+    with pytest.raises(ValueError, match="combine='mean'"):
+        RandomKernelRidgeEnsemble(3, "mean")
+    with pytest.raises(ValueError, match="members=0"):
+        RandomKernelRidgeEnsemble(0)

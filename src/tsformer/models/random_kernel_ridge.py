@@ -139,3 +139,63 @@ def fit_temperature(scores: np.ndarray, labels: np.ndarray) -> float:
         for t in TEMPERATURES
     ]
     return float(TEMPERATURES[int(np.argmin(losses))])
+
+
+MEMBER_SEED_STRIDE = 1000  # member j draws its kernels from seed + 1000 j (member 0: the single model's)
+COMBINES = ("scores", "proba")
+
+
+class RandomKernelRidgeEnsemble:
+    """`members` RandomKernelRidge fits on the same series, each with its own kernels' draws.
+
+    combine="scores": the members' scores averaged, one temperature fitted on their averaged
+    leave-one-out scores (calibrated after pooling); combine="proba": each member's calibrated
+    probabilities averaged (each calibrated on its own leave-one-out scores), no temperature after.
+    `decision` gives scores whose softmax over `temperature` is the ensemble's probabilities either way
+    (with "proba", the log of the averaged probabilities and temperature 1)."""
+
+    def __init__(
+        self,
+        members: int = 3,
+        combine: str = "scores",
+        n_features: int = 9996,
+        diff: bool = False,
+        alphas=ALPHAS,
+        seed: int = 0,
+    ):
+        if combine not in COMBINES:
+            raise ValueError(f"combine={combine!r}: one of {', '.join(COMBINES)}")
+        if members < 1:
+            raise ValueError(f"members={members}: at least 1")
+        self.n_members, self.combine, self.seed = int(members), combine, int(seed)
+        self.settings = {"n_features": n_features, "diff": diff, "alphas": alphas}
+
+    def fit(
+        self, x: torch.Tensor, valid: torch.Tensor, labels: np.ndarray, n_classes: int
+    ) -> RandomKernelRidgeEnsemble:
+        self.members = [
+            RandomKernelRidge(seed=self.seed + MEMBER_SEED_STRIDE * j, **self.settings).fit(
+                x, valid, labels, n_classes
+            )
+            for j in range(self.n_members)
+        ]
+        self.alpha = float(np.exp(np.mean([np.log(m.alpha) for m in self.members])))  # geometric mean
+        if self.combine == "scores":
+            self.loo_scores = np.mean([m.loo_scores for m in self.members], axis=0)
+            self.temperature = fit_temperature(self.loo_scores, labels)
+        else:
+            loo = np.mean([softmax(m.loo_scores / m.temperature) for m in self.members], axis=0)
+            self.loo_scores = np.log(np.clip(loo, 1e-300, None))
+            self.temperature = 1.0
+        return self
+
+    def decision(self, x: torch.Tensor, valid: torch.Tensor) -> np.ndarray:
+        if self.combine == "scores":
+            return np.mean([m.decision(x, valid) for m in self.members], axis=0)
+        proba = np.mean([m.predict_proba(x, valid) for m in self.members], axis=0)
+        return np.log(np.clip(proba, 1e-300, None))
+
+    def predict_proba(self, x: torch.Tensor, valid: torch.Tensor, calibrated: bool = True) -> np.ndarray:
+        if not calibrated:
+            return np.mean([m.predict_proba(x, valid, calibrated=False) for m in self.members], axis=0)
+        return softmax(self.decision(x, valid) / self.temperature)

@@ -45,7 +45,7 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
         d_in: int,
         classes: list[str],
         class_counts: list[int] | None = None,
-        n_features: int = 2520,
+        n_features: int = 9996,
         diff: bool = False,
         seed: int = 0,
         layout: list | None = None,
