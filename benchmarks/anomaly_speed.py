@@ -5,6 +5,7 @@ IsolationForest and the window memory fitted on the same train rows in the same 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --set model.score=hybrid
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --generic   # and the generic path, same run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --strides 8 16   # and other scoring strides
 
 The detector is the recipe as benchmarks/anomaly.py trains it (`train.fit_task` on
 `experiment=anomaly_benchmark`, `--set` overrides), on the table's first `--train-fraction` rows (their
@@ -115,6 +116,11 @@ def main() -> None:
     parser.add_argument(
         "--generic", action="store_true", help="also score by the generic restoration (before the fast path)"
     )
+    parser.add_argument(
+        "--strides", type=int, nargs="*", default=[],
+        help="also score at each of these model.stride values, same network and run (the time only: the "
+        "error scales stay the fit's stride's)",
+    )  # fmt: skip
     args = parser.parse_args()
     table = server_table(args.rows, args.channels, args.seed)
     train_end = round(args.train_fraction * args.rows)
@@ -155,6 +161,17 @@ def main() -> None:
           f"window memory); fit + score {(fit_s + score_s) / (forest_fit + forest_score):.0f}x IsolationForest")  # fmt: skip
     print(f"isolation_forest: fit {forest_fit:.2f} s, score {forest_score:.2f} s; window_memory: fit "
           f"{memory_fit:.2f} s, score {memory_score:.2f} s")  # fmt: skip
+
+    fit_stride = task.hparams.stride
+    for stride in args.strides:  # scoring's time at another stride, beside IsolationForest's of this run
+        task.hparams.stride = stride
+        cpu = time.process_time()
+        _, stride_s = timed(task.score, table)
+        windows = len(covering_window_starts(len(table), task.window_length, stride))
+        print(f"  model.stride={stride}: {windows} windows, score {stride_s:.1f} s ({time.process_time() - cpu:.1f} s "
+              f"of CPU; {stride_s / forest_score:.0f}x IsolationForest, {score_s / stride_s:.2f}x faster than "
+              f"stride {fit_stride})")  # fmt: skip
+    task.hparams.stride = fit_stride
 
     steps = profile_score(task, table)
     n_windows = steps.pop("windows")
