@@ -5,6 +5,7 @@ IsolationForest and the window memory fitted on the same train rows in the same 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --set model.score=hybrid
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --generic   # and the generic path, same run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/anomaly_speed.py --scoring stride=4 stride=16,channel_groups=4
 
 The detector is the recipe as benchmarks/anomaly.py trains it (`train.fit_task` on
 `experiment=anomaly_benchmark`, `--set` overrides), on the table's first `--train-fraction` rows (their
@@ -40,6 +41,8 @@ from tsformer.data.anomaly import series_rows
 from tsformer.data.window_scores import covering_window_starts
 from tsformer.jobs.anomaly.baselines import IsolationForestScore, WindowMemoryScore
 from tsformer.train import compose_config, fit_task
+
+SCORING_SETTINGS = ("stride", "channel_groups", "n_masks")  # read at scoring only (`--scoring`)
 
 
 def server_table(rows: int, channels: int, seed: int = 0) -> pd.DataFrame:
@@ -115,6 +118,11 @@ def main() -> None:
     parser.add_argument(
         "--generic", action="store_true", help="also score by the generic restoration (before the fast path)"
     )
+    parser.add_argument(
+        "--scoring", nargs="*", default=[], metavar="NAME=V[,NAME=V]",
+        help="also score with each of these scoring settings of the model (stride, channel_groups, n_masks), "
+        "same network and run (the time only: the error scales stay the fit's)",
+    )  # fmt: skip
     args = parser.parse_args()
     table = server_table(args.rows, args.channels, args.seed)
     train_end = round(args.train_fraction * args.rows)
@@ -155,6 +163,21 @@ def main() -> None:
           f"window memory); fit + score {(fit_s + score_s) / (forest_fit + forest_score):.0f}x IsolationForest")  # fmt: skip
     print(f"isolation_forest: fit {forest_fit:.2f} s, score {forest_score:.2f} s; window_memory: fit "
           f"{memory_fit:.2f} s, score {memory_score:.2f} s")  # fmt: skip
+
+    fitted = {name: task.hparams[name] for name in SCORING_SETTINGS}
+    for settings in args.scoring:  # scoring's time with other settings, beside IsolationForest's of this run
+        for name, value in (item.split("=") for item in settings.split(",")):
+            if name not in SCORING_SETTINGS:
+                parser.error(f"--scoring {settings}: {name} is not one of {', '.join(SCORING_SETTINGS)}")
+            task.hparams[name] = int(value)
+        cpu = time.process_time()
+        _, other_s = timed(task.score, table)
+        windows = len(covering_window_starts(len(table), task.window_length, task.stride))
+        passes = sum(len(kind) for kind in task.scoring_masks())
+        print(f"  {settings}: {windows} windows x {passes} passes, score {other_s:.1f} s ({time.process_time() - cpu:.1f} "
+              f"s of CPU; {other_s / forest_score:.0f}x IsolationForest, {score_s / other_s:.2f}x faster than the "
+              f"fit's {fitted})")  # fmt: skip
+        task.hparams.update(fitted)
 
     steps = profile_score(task, table)
     n_windows = steps.pop("windows")

@@ -12,7 +12,12 @@ from conftest import TINY_ANOMALY
 from tsformer.data.anomaly import AnomalyData, check_table, series_rows, split_normal_rows, state_channels
 from tsformer.data.schema import DataValidationError
 from tsformer.data.simulators import simulate_plant
-from tsformer.data.window_scores import causal_rows_of_windows, covering_window_starts, rows_of_windows
+from tsformer.data.window_scores import (
+    causal_rows_of_windows,
+    covering_window_starts,
+    reference_rows_of_windows,
+    rows_of_windows,
+)
 from tsformer.jobs.anomaly.judging import AnomalyContract, AnomalyModel
 from tsformer.jobs.anomaly.report import false_event_ids, incidents_table
 from tsformer.model_folder import ModelInfo
@@ -73,6 +78,38 @@ def test_a_rows_score_is_the_mean_over_the_windows_that_cover_it():
     np.testing.assert_allclose(
         causal_rows_of_windows(scores, starts, 4, 10), [0, 0, 0, 1, 1, 1, 1.5, 2, 2, 4]
     )
+
+
+def test_rows_of_windows_equals_its_written_out_reference_to_the_bit():
+    rng = np.random.default_rng(0)
+    for n_rows, length, stride in [(1000, 32, 4), (999, 32, 16), (50, 8, 3), (8, 8, 1)]:
+        starts = covering_window_starts(n_rows, length, stride)
+        scores = rng.gamma(0.5, size=(len(starts), 5)) * 10.0 ** rng.integers(-8, 8, size=(len(starts), 1))
+        for s in (scores, scores[:, 0]):  # (W, C) and (W,)
+            np.testing.assert_array_equal(
+                rows_of_windows(s, starts, length, n_rows),
+                reference_rows_of_windows(s, starts, length, n_rows),
+            )
+        ends = starts + length - 1  # the causal form: windows running past the last row
+        np.testing.assert_array_equal(
+            causal_rows_of_windows(scores, starts, length, n_rows),
+            reference_rows_of_windows(scores, ends, length, n_rows),
+        )
+    twice = np.array([0, 2, 2, 5])  # a start given twice: the reference's sum
+    np.testing.assert_array_equal(
+        rows_of_windows(np.arange(4.0), twice, 3, 8), reference_rows_of_windows(np.arange(4.0), twice, 3, 8)
+    )
+
+
+def test_scaled_errors_equal_their_one_expression_reference_to_the_bit():
+    task = MaskedAnomalyDetector(net={"d_model": 8, "n_heads": 2, "n_layers": 1}, d_target=6, d_known=0,
+                                 d_observed=0, context_len=8, horizon=0, state_channels=["target_2"])  # fmt: skip
+    rng = np.random.default_rng(1)
+    task.error_scale.copy_(torch.from_numpy(rng.uniform(0.01, 3.0, size=(2, 6))))
+    raw = rng.gamma(0.5, size=(2, 40, 8, 6)).astype(np.float32)
+    scaled = task.scaled_errors(raw)
+    np.testing.assert_array_equal(scaled, task.reference_scaled_errors(raw))
+    assert scaled.dtype == np.float64 and (scaled[..., 2] == 0).all() and (scaled[..., 0] > 0).all()
 
 
 def test_the_state_channel_rule_and_the_data_leave_states_as_they_are():

@@ -33,6 +33,23 @@ def rows_of_windows(scores: np.ndarray, starts: np.ndarray, length: int, n_rows:
     """Each row's mean of `scores` `(W, ...)` over the windows (starting at `starts`) that cover it:
     `(n_rows, ...)`; a row no window covers gets 0. (Summed window by window, so a row whose covering
     windows keep their scores keeps its score to the bit.)"""
+    scores, starts = np.asarray(scores, dtype=float), np.asarray(starts)
+    if len(np.unique(starts)) != len(starts) or (len(starts) and starts.min() < 0):
+        return reference_rows_of_windows(scores, starts, length, n_rows)
+    total, count = np.zeros((n_rows, *scores.shape[1:])), np.zeros(n_rows)
+    # one offset into the windows at a time (no two windows at one row then); offsets from the last, so
+    # each row's windows are added in the order of their starts, as `np.add.at` adds them: equal to the bit
+    for offset in range(length - 1, -1, -1):
+        at = starts + offset
+        inside = at < n_rows
+        total[at[inside]] += scores[inside]
+        count[at[inside]] += 1.0
+    return total / np.maximum(count, 1.0).reshape((-1,) + (1,) * (scores.ndim - 1))
+
+
+def reference_rows_of_windows(scores: np.ndarray, starts: np.ndarray, length: int, n_rows: int) -> np.ndarray:
+    """`rows_of_windows` written out: each window's score repeated over its rows, each row's mean of them
+    (`rows_of_window_rows`); a copy of `(W, length, ...)` and `np.add.at`, several times slower."""
     scores = np.asarray(scores, dtype=float)
     return rows_of_window_rows(np.repeat(scores[:, None], length, axis=1), starts, n_rows)
 
