@@ -200,6 +200,7 @@ class AnomalyData(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         csv: dict | None = None,
+        judge_context: bool = False,
     ):
         super().__init__()
         if not 0.0 < float(val_fraction) < 1.0:
@@ -226,6 +227,7 @@ class AnomalyData(L.LightningDataModule):
         }  # a CSV source's read options, kept for predict.py
         self.tables: dict[str, pd.DataFrame] = {}
         self.normal_rows: pd.DataFrame | None = None
+        self.judge_context = bool(judge_context)
         self.datasets: dict[str, AnomalyWindows] = {}
 
     @property
