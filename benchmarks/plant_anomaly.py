@@ -15,6 +15,10 @@ is the faulty sensor (or one of the pair), its detection delay, and the fault's 
 threshold; the false events per plant-day (days of judged rows, summed over the plants) and the median
 delay beside the row rates.
 
+`--judge-models DIR` trains nothing: each seed's kept model folder (`--keep DIR` of an earlier run)
+judges the seed's rows again as the job would with the `--set` overrides (what changes only how a
+table is judged, `data.judge_context`, on the same networks).
+
 `--new-plant A:B` also judges the README's new plant (`tsformer-data simulate plant_anomaly --seed 1`:
 every row of its table, as predict.py judges it) with each seed's model folder, as it is and recalibrated
 on rows A:B of each of its series declared normal (`predict.py --normal-rows A:B`).
@@ -30,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from hydra.utils import instantiate
 
 from tsformer.data.anomaly import series_rows
 from tsformer.data.plant_anomaly import FAULTS, simulate_plant_anomaly
-from tsformer.jobs.anomaly.job import JOB, normal_stretch, recalibrated
+from tsformer.jobs.anomaly.job import JOB, judge_context, normal_stretch, recalibrated
 from tsformer.jobs.anomaly.judging import AnomalyModel
 from tsformer.jobs.anomaly.report import (
     evaluate,
@@ -149,19 +154,35 @@ def judged(rows, events, rate: float, reach: int, rule: EventRule) -> dict:
             "page_delays": [d for d in delays["page_delay_rows"] if d is not pd.NA], "auc_pr": metrics["auc_pr"]}  # fmt: skip
 
 
-def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str | None = None) -> dict:
-    """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model)."""
+def judged_again(cfg, folder: Path) -> tuple:
+    """(rows, events) of the seed's judged rows as `cfg`'s job judges them, by the model folder `folder`
+    kept from an earlier run of the same seed (no training: what changes only how a table is judged,
+    `data.judge_context`, measured on the same networks)."""
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    model = AnomalyModel.load(folder)
+    rows, events, _ = model.judge(datamodule.tables["test"], "judged rows", context=judge_context(datamodule))
+    return rows, events, model
+
+
+def one_seed(seed: int, overrides: list[str], new_plant: str | None, keep: str | None = None,
+             models: str | None = None) -> dict:  # fmt: skip
+    """The figures of one seed's run of `experiment=plant_anomaly` (and of the new plant judged by its model);
+    with `models`, of its kept model folder `models/seed<S>` judging the seed's rows again (no training)."""
     with tempfile.TemporaryDirectory() as folder:
         cfg = compose_config(["experiment=plant_anomaly", "logger=none", f"seed={seed}", f"data.source.seed={seed}",
                               "trainer.enable_progress_bar=false", *overrides], folder)  # fmt: skip
         start = time.perf_counter()
-        result = run(cfg)
+        if models:
+            rows, events, model = judged_again(cfg, Path(models) / f"seed{seed}")
+        else:
+            result = run(cfg)
+            model = AnomalyModel.load(result.model_folder)
+            rows, events = result.forecasts, result.outputs.details["events"]
         seconds = time.perf_counter() - start
-        model = AnomalyModel.load(result.model_folder)
-        if keep:  # the model folder kept for later work on its normal rows (benchmarks/plant_event_rule.py)
+        if keep and not models:  # the model folder kept for later work (benchmarks/plant_event_rule.py)
             shutil.copytree(result.model_folder, Path(keep) / f"seed{seed}", dirs_exist_ok=True)
-    rows, events = result.forecasts, result.outputs.details["events"]
-    print(f"seed {seed}: train, calibrate and judge {seconds:.0f} s")
+    print(f"seed {seed}: {'judge' if models else 'train, calibrate and judge'} {seconds:.0f} s")
     reach = int(cfg.model.context_len)
     figures = judged(rows, events, float(cfg.model.false_alarm_rate), reach, model.rule)
     other, other_name = other_threshold(cfg)  # the same scores with the other threshold
@@ -221,8 +242,13 @@ def main() -> None:
         "--new-plant", metavar="A:B", help="also judge the README's new plant, recalibrated on rows A:B"
     )
     parser.add_argument("--keep", metavar="DIR", help="copy each seed's model folder to DIR/seed<S>")
+    parser.add_argument(
+        "--judge-models",
+        metavar="DIR",
+        help="no training: judge each seed's rows with DIR/seed<S> (a --keep folder)",
+    )
     args = parser.parse_args()
-    results = [one_seed(seed, args.set, args.new_plant, args.keep) for seed in args.seeds]
+    results = [one_seed(seed, args.set, args.new_plant, args.keep, args.judge_models) for seed in args.seeds]
     scalar = [k for k, v in results[0].items() if isinstance(v, int | float | np.floating)]
     mean = {k: np.mean([r[k] for r in results]) for k in scalar}
     delays = [d for r in results for d in r["delays"]]

@@ -237,3 +237,27 @@ def test_the_plants_weather_and_supply_condition_the_detector_and_are_never_scor
     assert not np.allclose(scores.score, detector.score(table).score)  # ... but the scores depend on it
     if detector.method == "masked":
         assert not detector.hidden_mask((64, 16, 5))[..., 2:].any()
+
+
+def test_predict_reads_each_series_first_rows_as_context_and_judges_the_rest(trained, tmp_path):
+    """predict.py --context-rows N (params["context_rows"]): each series' first N rows are read by the first
+    windows, not judged nor written; the rows after them scored as the job scores judged rows after
+    their normal rows (`data.judge_context`)."""
+    result, _, _, _ = trained
+    table = simulate_plant_anomaly(n_steps=1400, test_fraction=0.5)
+    table.to_csv(tmp_path / "new.csv", index=False)
+    out = str(tmp_path / "scored.csv")
+    assert (
+        predict_main(
+            [str(result.model_folder), str(tmp_path / "new.csv"), "-o", out, "--context-rows", "700"]
+        )
+        == 0
+    )
+    rows = pd.read_csv(out)
+    normal, judged = split_at(table, 0.5, "time")
+    assert len(rows) == len(judged)
+    assert pd.to_datetime(rows["time"]).tolist() == pd.to_datetime(judged["time"]).tolist()
+    expected = AnomalyModel.load(result.model_folder).judge(judged, context=normal)[0]
+    np.testing.assert_allclose(rows["score"], expected["score"], rtol=1e-6)
+    served = Predictor.of_folder(result.model_folder).predict(table, {"context_rows": "700"})
+    np.testing.assert_allclose(served["score"], expected["score"], rtol=1e-6)

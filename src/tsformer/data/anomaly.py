@@ -6,7 +6,8 @@ Per series (told apart by a `series_id` column; without one the table is one ser
   (1 - `val_fraction`) of them train the model (`train_table`), the rest (`val_table`) are held out:
   the validation loss, each channel's usual error and the alarms' threshold are measured on them
   (`val_blocks` > 1: the held-out share of each of that many blocks, spread over the normal period);
-- the rows from `train_end` on are judged (`test_table`).
+- the rows from `train_end` on are judged (`test_table`); with `judge_context`, the job scores them after
+  the series' normal rows (`normal_rows`) as context (`jobs.anomaly.judging.scored_in_context`).
 A label column (`label_col`), when the table has one, is checked (0 or 1) and only ever read to
 evaluate the judged rows: it is never a model input, nor used for training or the threshold.
 
@@ -200,6 +201,7 @@ class AnomalyData(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         csv: dict | None = None,
+        judge_context: bool = False,
     ):
         super().__init__()
         if not 0.0 < float(val_fraction) < 1.0:
@@ -226,6 +228,7 @@ class AnomalyData(L.LightningDataModule):
         }  # a CSV source's read options, kept for predict.py
         self.tables: dict[str, pd.DataFrame] = {}
         self.normal_rows: pd.DataFrame | None = None
+        self.judge_context = bool(judge_context)
         self.datasets: dict[str, AnomalyWindows] = {}
 
     @property

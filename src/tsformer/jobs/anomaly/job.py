@@ -75,7 +75,9 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     )
     folder = AnomalyModel.of_task(task, contract, info).save(output_dir / "model")
     model = AnomalyModel.load(folder)  # what predict.py and the pyfunc model judge with
-    rows, events, scores = model.judge(datamodule.tables["test"], "judged rows")
+    rows, events, scores = model.judge(
+        datamodule.tables["test"], "judged rows", context=judge_context(datamodule)
+    )
     rows_path = write_csv(rows, output_dir / ROWS_FILE)
     events_path = write_csv(events, output_dir / EVENTS_FILE)
     metrics = {"test/n_alarms": float(rows["alarm"].sum()), "test/n_events": float(len(events))}
@@ -91,6 +93,13 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
                                            task.constant_names, known=task.known_names,
                                            threshold_rows=task.threshold_rows)},
     )  # fmt: skip
+
+
+def judge_context(datamodule) -> pd.DataFrame | None:
+    """With `data.judge_context`, the normal rows (each series' rows before its judged ones, in order):
+    the judged rows' first windows read them (`judging.scored_in_context`); else None (each series'
+    judged rows scored alone)."""
+    return datamodule.normal_rows if getattr(datamodule, "judge_context", False) else None
 
 
 RANKING = ("vus_pr", "vus_roc", "auc_pr", "auc_roc")  # threshold-free: how well the score ranks the rows
@@ -172,21 +181,50 @@ NORMAL_ROWS = Param(
 )
 
 
+CONTEXT_ROWS = Param(
+    "context_rows",
+    "the first N rows of each series are context only: they precede the rows to judge and are read by "
+    "the first windows, not judged nor written (without it, each series' first rows are scored from "
+    "fewer windows than the rest)",
+)
+
+
 def answer(model: AnomalyModel, table: pd.DataFrame, params: dict, source: str) -> pd.DataFrame:
     """The judged rows of `table`, its times read; its events beside them (`attrs["beside"]`, which
     predict.py writes to `<output stem>_events.csv`). With `normal_rows`, judged by the model
-    recalibrated on that stretch (`recalibrated`; the model given is left as it is)."""
+    recalibrated on that stretch (`recalibrated`; the model given is left as it is); with
+    `context_rows`, each series' first rows read as context (`context_split`), not judged."""
     time_col = model.time_col
     if time_col in table.columns and not pd.api.types.is_numeric_dtype(table[time_col]):
         table = table.assign(**{time_col: read_times(table[time_col], params["time_format"], source)})
     stretch = params.get("normal_rows") or ""
     if stretch:
         model = recalibrated(model, table.iloc[normal_stretch(table, stretch, time_col, source)])
-    rows, events, _ = model.judge(table, source)
+    context = None
+    if params.get("context_rows"):
+        context, table = context_split(table, params["context_rows"], source)
+    rows, events, _ = model.judge(table, source, context=context)
     rows.attrs["beside"] = {"events": events}
     if stretch:
         rows.attrs["recalibrated"] = stretch
     return rows
+
+
+def context_split(table: pd.DataFrame, spec, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(context, rows to judge) of `table`: the first `spec` rows of each series and the rest
+    (`CONTEXT_ROWS`), or one line saying what is wrong."""
+    try:
+        n = int(str(spec).strip())
+    except ValueError:
+        raise ValueError(
+            f"{source}: context_rows={spec!r}: give a number of rows (each series' first N)"
+        ) from None
+    if n < 1:
+        raise ValueError(f"{source}: context_rows={spec!r}: at least 1")
+    first = np.zeros(len(table), dtype=bool)
+    for rows in series_rows(table).values():
+        first[rows[:n]] = True
+    return table[first].reset_index(drop=True), table[~first].reset_index(drop=True)
 
 
 def normal_stretch(table: pd.DataFrame, spec: str, time_col: str, source: str) -> np.ndarray:
@@ -245,7 +283,7 @@ JOB = job_of_module(
     prediction=Prediction(  # tsformer-serve's streams too
         answer,
         report,
-        params=(TIME_FORMAT, NORMAL_ROWS),
+        params=(TIME_FORMAT, NORMAL_ROWS, CONTEXT_ROWS),
         per_series_ids=("event_id",),
         stream=answer_stream,
         serve_threads=2,  # a table's windows under every mask: tensor work, 1.8x at 16 clients with 2

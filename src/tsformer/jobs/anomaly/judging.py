@@ -22,7 +22,8 @@ import pandas as pd
 import torch
 
 from tsformer import model_folder
-from tsformer.data.anomaly import SERIES_COL, check_labels, series_rows
+from tsformer.data.anomaly import SERIES_COL, check_labels, check_table, rows_by_key, series_rows
+from tsformer.data.schema import DataValidationError
 from tsformer.model_folder import RESTORE, FolderKind, ModelFolderError, ModelInfo, Upgrade
 from tsformer.tasks.alarms import DriftRule, EventRule, drifting_threshold, event_spans
 from tsformer.tasks.anomaly import AnomalyScoring, Scores, ranked_channels
@@ -75,12 +76,21 @@ class AnomalyModel:
     # -- judging a table --------------------------------------------------------------------------
 
     def judge(
-        self, table: pd.DataFrame, source: str = "table", causal: bool | None = None
+        self,
+        table: pd.DataFrame,
+        source: str = "table",
+        causal: bool | None = None,
+        context: pd.DataFrame | None = None,
     ) -> tuple[pd.DataFrame, pd.DataFrame, Scores]:
         """(per-row table, events table, scores) of `table` (the rows in its order); `causal` as the
-        detector's `score` (default: the model's setting; a stream's rows are scored causally)."""
+        detector's `score` (default: the model's setting; a stream's rows are scored causally). With
+        `context`, each series' earlier rows (`scored_in_context`): its first rows scored from whole
+        windows; the context rows are neither judged nor reported."""
         check_labels(table, self.label_col)
-        scores = self.detector.score(table, source, causal)
+        if context is None:
+            scores = self.detector.score(table, source, causal)
+        else:
+            scores = scored_in_context(self.detector, table, context, source, causal, self.time_col)
         threshold = self.thresholds(scores.score, table)  # (T,)
         alarm = scores.score > threshold
         event = np.full(len(table), -1)
@@ -151,6 +161,71 @@ class AnomalyModel:
                 }
             )
         return pd.DataFrame(records, columns=EVENT_COLUMNS)
+
+
+def context_reach(detector: AnomalyScoring) -> int:
+    """Rows before a table that can move its scores, rounded up to whole strides (so the judged rows'
+    windows keep their places): the windows that cover (or, causally, end within a window of) its first
+    row, and the rows a forecast step reads before it."""
+    reach = detector.window + 2 * detector.window_length
+    return -(-reach // detector.stride) * detector.stride
+
+
+def scored_in_context(
+    detector: AnomalyScoring,
+    table: pd.DataFrame,
+    context: pd.DataFrame,
+    source: str = "table",
+    causal: bool | None = None,
+    time_col: str = "time",
+) -> Scores:
+    """`Scores` of `table`'s rows (in its order), each series scored after its last `context_reach` rows
+    of `context` (the same series' earlier rows, e.g. the normal rows before the judged ones): its
+    first rows are covered by as many windows, each as long, as the rows inside it, where on their own
+    they have fewer (and, causally or forecast, shorter history). The context rows are scored and
+    dropped; a series' context is cut to whole strides; a series without context is scored as alone.
+    Only rows before a series' first row are context: with times, a context row not before it is one
+    line."""
+    channels = detector.channels
+    check_table(table, channels, max(detector.window, detector.window_length), source)
+    check_table(context, channels, 1, f"{source}: context rows")
+    step, reach = detector.stride, context_reach(detector)
+    whole = {None: np.arange(len(context))}
+    by_series = rows_by_key(context[SERIES_COL]) if SERIES_COL in context.columns else whole
+    pieces, judged_at = [], []  # the rows scored, series by series; where `table`'s rows lie among them
+    offset = 0
+    for sid, rows in series_rows(table).items():
+        earlier = by_series.get(sid, np.arange(0))
+        kept = earlier[len(earlier) - min(len(earlier), reach) // step * step :]
+        before = context.iloc[kept]
+        _check_before(before, table.iloc[rows], time_col, sid, source)
+        piece = pd.concat([before[channels], table.iloc[rows][channels]], ignore_index=True)
+        piece[SERIES_COL] = offset  # one series per piece, whatever the ids' type
+        pieces.append(piece)
+        judged_at.append((rows, offset + len(kept) + np.arange(len(rows))))
+        offset += len(piece)
+    scored = detector.score(pd.concat(pieces, ignore_index=True), source, causal)
+    out = Scores(np.zeros(len(table)), np.zeros((len(table), len(channels))), scored.channels,
+                 {name: np.zeros(len(table)) for name in scored.parts})  # fmt: skip
+    for rows, at in judged_at:
+        out.score[rows] = scored.score[at]
+        out.contributions[rows] = scored.contributions[at]
+        for name, part in scored.parts.items():
+            out.parts[name][rows] = part[at]
+    return out
+
+
+def _check_before(context: pd.DataFrame, rows: pd.DataFrame, time_col: str, sid, source: str) -> None:
+    """One line when a series' context rows do not all lie before its first row (by the time column)."""
+    if len(context) == 0 or time_col not in context.columns or time_col not in rows.columns:
+        return
+    last, first = context[time_col].max(), rows[time_col].min()
+    if not last < first:
+        name = f"series {sid!r}" if sid is not None else "the table"
+        raise DataValidationError(
+            f"{source}: context rows of {name} reach {last}, not before its first row ({first}): "
+            "context rows are the series' earlier rows only"
+        )
 
 
 EVENT_COLUMNS = ["event_id", "series_id", "start", "end", "n_rows", "page_time", "page_delay_rows", "page_delay",
