@@ -182,12 +182,15 @@ class EncoderDecoder(nn.Module):
         use_cache: bool = True,
         draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
         num_samples: int = 1,
+        offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Roll out M future steps; M from `fut_known (B, M, Dk)` or `horizon`.
 
         draw: a step's output `(B', 1, Dy * n_params)` -> the value fed back `(B', 1, Dy)` (default:
-        the output itself, a point forecast). num_samples: paths per window. Returns the values fed
-        back, `(B * num_samples, M, Dy)`, window b's paths in rows b * num_samples .. (b + 1) * num_samples - 1.
+        the output itself, a point forecast). num_samples: paths per window. offset: `(B, M, Dy * n_params)`
+        added to step m's output before `draw` (what `forward`'s caller adds to its outputs: e.g. a linear
+        forecast the network corrects). Returns the values fed back, `(B * num_samples, M, Dy)`, window b's
+        paths in rows b * num_samples .. (b + 1) * num_samples - 1.
         """
         draw = draw or (lambda out: out)
         B = hist.shape[0]
@@ -203,10 +206,13 @@ class EncoderDecoder(nn.Module):
         out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[
             :, -1:
         ]  # (B, 1, Dy * P)
+        if offset is None:
+            offset = out.new_zeros(B, M, out.shape[-1])
+        out = out + offset[:, :1]
         if num_samples > 1:  # the first step is the same for every path of a window: computed once
             S = num_samples
-            out, fut_known, target_prev = (
-                x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev)
+            out, fut_known, target_prev, offset = (
+                x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev, offset)
             )
             if cache is not None:
                 cache.share(
@@ -225,6 +231,6 @@ class EncoderDecoder(nn.Module):
             else:
                 target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, m + 1, Dy)
                 out = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]
-            next_value = draw(out)
+            next_value = draw(out + offset[:, m : m + 1])
             values.append(next_value)
         return torch.cat(values, dim=1)  # (B * S, M, Dy)
