@@ -117,3 +117,38 @@ def test_solved_at_the_start_the_forecast_is_the_runs_linear_forecasters(model, 
     with torch.no_grad():
         torch.testing.assert_close(task.eval().forecast(b), baseline.predict(b), rtol=1e-4, atol=1e-4)
     assert task.hparams.linear_path  # saved with the hyperparameters (a model folder keeps it)
+
+
+@pytest.mark.parametrize("opts", [{}, OPTIONS | {"patch_len": 4, "patch_stride": 2, "linear_path": True}])
+def test_an_encoder_decoder_that_feeds_nothing_back_trains_on_its_forecast(opts):
+    """`model.net.feed_back=false`: the decoder never reads a future value, so the training pass is the
+    forecast itself; the default decoder's teacher-forced pass reads the true future (so this can fail)."""
+    from test_model_options import NET
+
+    b = batch()
+    for feed_back in (False, True):
+        task = make_task(EncoderDecoderForecaster, opts, net=NET | {"feed_back": feed_back})
+        if opts:
+            with_linear_weights(task)
+        with torch.no_grad():
+            torch.nn.init.normal_(task.net.head.weight, std=0.3)
+            net_batch, view = task.options.enter(task._with_linear_path(task.static.append_to_known(b)))
+            forced = view.to_batch_layout(task.teacher_forced(net_batch)[0])
+            forecast = task.forecast(b)
+        if feed_back:
+            assert (forced - forecast).abs().max() > 1e-3  # forced with the truth, not with its forecast
+        else:
+            torch.testing.assert_close(forced, forecast, rtol=1e-5, atol=1e-5)
+
+
+def test_an_encoder_decoder_that_feeds_nothing_back_samples_paths():
+    from test_model_options import NET
+
+    task = make_task(EncoderDecoderForecaster, {}, net=NET | {"feed_back": False}, head={"kind": "gaussian"})
+    b = batch()
+    with torch.no_grad():
+        paths = task.sample_paths(task.options.enter(b)[0], num_samples=5)  # (B, S, M, Dy)
+        point = task.forecast(b)  # the distribution's mean at every step, one pass
+    assert paths.shape == (4, 5, M, 3) and torch.isfinite(paths).all()
+    assert (paths[:, 0] - paths[:, 1]).abs().max() > 0  # drawn, not repeated
+    assert point.shape == (4, M, 3)
