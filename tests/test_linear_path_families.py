@@ -1,6 +1,7 @@
 """The linear path (`model.linear_path`, declared once in `tasks/forecasting._TransformerForecaster`) in
 every Transformer forecasting family: the forecast is the closed-form linear forecaster's plus what the
-network adds, and the autoregressive families feed back that sum."""
+network adds, and the autoregressive families feed back that sum. And the encoder-decoder that feeds
+nothing back (`model.net.feed_back=false`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from conftest import TINY
-from test_model_options import DEC_ONLY_PATCHES, M, batch, make_task
+from test_model_options import DEC_ONLY_PATCHES, NET, M, N, batch, make_task
+from tsformer.data import TimeSeriesDataModule, simulate_plant
+from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, save_model_folder
 from tsformer.tasks import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
 from tsformer.tasks.baselines import LinearForecast
 from tsformer.train import build_task, compose_config
@@ -123,8 +126,6 @@ def test_solved_at_the_start_the_forecast_is_the_runs_linear_forecasters(model, 
 def test_an_encoder_decoder_that_feeds_nothing_back_trains_on_its_forecast(opts):
     """`model.net.feed_back=false`: the decoder never reads a future value, so the training pass is the
     forecast itself; the default decoder's teacher-forced pass reads the true future (so this can fail)."""
-    from test_model_options import NET
-
     b = batch()
     for feed_back in (False, True):
         task = make_task(EncoderDecoderForecaster, opts, net=NET | {"feed_back": feed_back})
@@ -142,8 +143,6 @@ def test_an_encoder_decoder_that_feeds_nothing_back_trains_on_its_forecast(opts)
 
 
 def test_an_encoder_decoder_that_feeds_nothing_back_samples_paths():
-    from test_model_options import NET
-
     task = make_task(EncoderDecoderForecaster, {}, net=NET | {"feed_back": False}, head={"kind": "gaussian"})
     b = batch()
     with torch.no_grad():
@@ -152,3 +151,29 @@ def test_an_encoder_decoder_that_feeds_nothing_back_samples_paths():
     assert paths.shape == (4, 5, M, 3) and torch.isfinite(paths).all()
     assert (paths[:, 0] - paths[:, 1]).abs().max() > 0  # drawn, not repeated
     assert point.shape == (4, M, 3)
+
+
+@pytest.mark.parametrize("cls,opts", [c for c in CASES if c.values[0].autoregressive])
+def test_the_linear_path_round_trips_through_the_model_folder(cls, opts, tmp_path):
+    df = simulate_plant(n_series=2, n_steps=200, freq="1min", seed=0)
+    dm = TimeSeriesDataModule(
+        df,
+        target_cols=["dynamic_temperature", "dynamic_pressure"],
+        known_cols=["ambient_pressure", "ambient_temperature", "supply_voltage"],
+        series_col="series_id",
+        context_len=N,
+        horizon=M,
+        eval_batch_size=16,
+    )
+    dm.setup()
+    sizes = {"d_target": dm.d_target, "d_known": dm.d_known, "d_observed": dm.d_observed}
+    task = make_task(cls, opts | {"linear_path": True}, **sizes)
+    task.fit_linear_path(dm)
+    with torch.no_grad():
+        torch.nn.init.normal_(task.net.head.weight, std=0.1)
+    save_model_folder(tmp_path / "model", task, dm, ModelInfo(family=task.family, dataset="plant"))
+    loaded = Forecaster.load(tmp_path / "model").task
+    assert loaded.hparams.linear_path and not loaded.linear_path.penalty.isnan()  # solved: kept, not refitted
+    b = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        assert torch.equal(loaded.forecast(b), task.forecast(b))
