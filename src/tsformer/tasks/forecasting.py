@@ -26,6 +26,8 @@ independence wrap all three families the same way, outside them (`model_options.
 known steps]) and from the encoder-decoder's history (its decoder keeps one token per future step);
 the decoder-only family takes patches side by side over its whole window and generates a patch per
 token (`model.patch_stride` null or equal to `model.patch_len`; context and horizon whole patches).
+The closed-form linear path (`model.linear_path`) is declared once for the three Transformer
+families (`_TransformerForecaster`).
 
 Output heads (`nn/heads.py`): every family's network gives the head's `n_params` outputs per
 channel. The autoregressive families (`enc_dec`, `dec_only`) feed back the head's point value in a
