@@ -32,6 +32,10 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
   2 layers); generated step by step at test time;
 - tsformer-dec_only-patch16: the same with patch tokens of 16 steps side by side (TimesFM's design),
   generated 16 steps (one token) at a time;
+- tsformer-enc_dec-linear, tsformer-dec_only-patch16-linear: those two rows on the closed-form linear
+  path (`model.linear_path=true`: the linear forecaster's forecast plus the network's);
+- tsformer-enc_dec-direct-linear: tsformer-enc_dec-linear with a decoder that feeds nothing back
+  (`model.net.feed_back=false`: every decoder token carries the last observed value; one pass);
 - tsformer-linear: `model=linear`, the closed-form channel-shared ridge (models/linear.py): solved on
   the train windows, its penalty chosen on the validation windows, no optimiser step. Every row of
   ours also reports the same forecaster fitted inside its own run (`linear_mse_same_run`, the run's
@@ -141,6 +145,35 @@ OURS = {
         "model.revin=true",
         "model.channel_independent=true",
         "model.patch_len=16",
+    ],
+    # the same two on the closed-form linear path (issue 56, point 5): the linear forecaster's forecast
+    # plus the network's, the network's output layer starting at zero
+    "tsformer-enc_dec-linear": [
+        "model=enc_dec",
+        "model.revin=true",
+        "model.channel_independent=true",
+        "model.patch_len=16",
+        "model.patch_stride=8",
+        "model.net.n_decoder_layers=1",
+        "model.linear_path=true",
+    ],
+    # and with a decoder that feeds nothing back (model.net.feed_back=false: one pass, no teacher forcing)
+    "tsformer-enc_dec-direct-linear": [
+        "model=enc_dec",
+        "model.revin=true",
+        "model.channel_independent=true",
+        "model.patch_len=16",
+        "model.patch_stride=8",
+        "model.net.n_decoder_layers=1",
+        "model.net.feed_back=false",
+        "model.linear_path=true",
+    ],
+    "tsformer-dec_only-patch16-linear": [
+        "model=dec_only",
+        "model.revin=true",
+        "model.channel_independent=true",
+        "model.patch_len=16",
+        "model.linear_path=true",
     ],
     # the closed-form channel-shared ridge (models/linear.py): fitted, not trained (one epoch, no step)
     "tsformer-linear": ["model=linear"],

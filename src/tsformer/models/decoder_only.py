@@ -144,6 +144,7 @@ class DecoderOnly(nn.Module):
         use_cache: bool = True,
         draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
         num_samples: int = 1,
+        offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Roll out a forecast of M steps after a context of N observed steps.
 
@@ -151,6 +152,8 @@ class DecoderOnly(nn.Module):
         the known covariates of the M future steps (M is taken from it, or from `horizon` when there
         are no covariates). draw: a step's output `(B', 1, Dy * n_params)` -> the value fed back
         `(B', 1, Dy)` (default: the output itself, a point forecast). num_samples: paths per window.
+        offset: `(B, M, Dy * n_params)` added to the outputs of the future steps before `draw` (what
+        `forward`'s caller adds to its outputs of those steps: e.g. a linear forecast the network corrects).
         Returns the values fed back, `(B * num_samples, M, Dy)`, the paths of window b in rows
         b * num_samples .. (b + 1) * num_samples - 1.
         """
@@ -176,10 +179,13 @@ class DecoderOnly(nn.Module):
         # a window: run once, its K/V then shared by the S paths.
         out = self(hist_target, known[:, P : N + P], cache=cache)[:, -P:]  # (B, P, Dy * n_params)
         target_prev = hist_target  # (B, N, Dy), grown patch by patch without the cache
+        if offset is None:
+            offset = out.new_zeros(B, M, out.shape[-1])
+        out = out + offset[:, :P]
         if num_samples > 1:
             S = num_samples
-            out, known, target_prev = (
-                x.repeat_interleave(S, dim=0) for x in (out, known, target_prev)
+            out, known, target_prev, offset = (
+                x.repeat_interleave(S, dim=0) for x in (out, known, target_prev, offset)
             )  # (B * S, ...)
             if cache is not None:
                 cache.share(S)
@@ -191,6 +197,6 @@ class DecoderOnly(nn.Module):
             else:
                 target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, step, Dy)
                 out = self(target_prev, known[:, P : step + P])[:, -P:]
-            next_value = draw(out)
+            next_value = draw(out + offset[:, step - N : step - N + P])
             values.append(next_value)
         return torch.cat(values, dim=1)  # (B * S, M, Dy)

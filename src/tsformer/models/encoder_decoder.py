@@ -15,6 +15,13 @@ Training is teacher-forced (`forward`): the decoder input is the true future shi
 step. `generate` feeds predictions back, caching the decoder's self-attention K/V and computing the
 cross-attention K/V of the memory once.
 
+`feed_back=False`: every decoder token carries the last observed target instead of the step before
+it (and the known covariates of its own step), so no future value is ever an input: training and
+`generate` run the same single pass over the M steps (no teacher forcing, nothing fed back; with a
+distribution head the steps of a sampled path are drawn independently). Why: on
+ETTh1 the teacher-forced decoder learns to copy the true previous value it is handed, and generating
+from its own values it then follows persistence (benchmarks/RESULTS_forecast_families.md).
+
 With `patch_len`, the ENCODER reads patches of steps (`tsformer.nn.patching`; PatchTST): its memory
 has L = floor((N - P) / S) + 2 tokens, each at the position of its first step on the shared axis.
 The decoder still has one token per future step (it generates step by step).
@@ -54,6 +61,7 @@ class EncoderDecoderConfig(TransformerConfig):
     d_known: int = 0  # covariates known for the future steps
     n_decoder_layers: int | None = None  # None: as many as the encoder (n_layers)
     start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
+    feed_back: bool = True  # False: every decoder token carries the last observed target (one pass)
     patch_len: int | None = None  # encoder tokens: None = one per history step; P = one per patch of P steps
     patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
     n_params: int = (
@@ -168,7 +176,10 @@ class EncoderDecoder(nn.Module):
         if fut_known is None:
             fut_known = fut_target.new_zeros(B, M, 0)
         memory = self.encode(hist, hist_valid)
-        target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
+        if self.cfg.feed_back:
+            target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
+        else:  # the future is never an input
+            target_prev = last_target.unsqueeze(1).expand(B, M, -1)  # (B, M, Dy)
         return self.decode(target_prev, fut_known, memory, hist_valid, n_hist=hist.shape[1])
 
     @torch.no_grad()
@@ -182,12 +193,15 @@ class EncoderDecoder(nn.Module):
         use_cache: bool = True,
         draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
         num_samples: int = 1,
+        offset: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Roll out M future steps; M from `fut_known (B, M, Dk)` or `horizon`.
 
         draw: a step's output `(B', 1, Dy * n_params)` -> the value fed back `(B', 1, Dy)` (default:
-        the output itself, a point forecast). num_samples: paths per window. Returns the values fed
-        back, `(B * num_samples, M, Dy)`, window b's paths in rows b * num_samples .. (b + 1) * num_samples - 1.
+        the output itself, a point forecast). num_samples: paths per window. offset: `(B, M, Dy * n_params)`
+        added to step m's output before `draw` (what `forward`'s caller adds to its outputs: e.g. a linear
+        forecast the network corrects). Returns the values fed back, `(B * num_samples, M, Dy)`, window b's
+        paths in rows b * num_samples .. (b + 1) * num_samples - 1.
         """
         draw = draw or (lambda out: out)
         B = hist.shape[0]
@@ -198,15 +212,23 @@ class EncoderDecoder(nn.Module):
         M, N = fut_known.shape[1], hist.shape[1]
         self.positional.check_length(N + M)  # refuse before any work is done
         memory = self.encode(hist, hist_valid)  # computed once for all steps
+        if not self.cfg.feed_back:  # forward's one pass: nothing generated is an input
+            target_prev = last_target.unsqueeze(1).expand(B, M, -1)  # (B, M, Dy)
+            out = self.decode(target_prev, fut_known, memory, hist_valid, n_hist=N)  # (B, M, Dy * P)
+            out = out if offset is None else out + offset
+            return draw(out.repeat_interleave(num_samples, dim=0))  # (B * S, M, Dy), steps drawn apart
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None
         target_prev = last_target.unsqueeze(1)  # (B, 1, Dy)
         out = self.decode(target_prev, fut_known[:, :1], memory, hist_valid, cache=cache, n_hist=N)[
             :, -1:
         ]  # (B, 1, Dy * P)
+        if offset is None:
+            offset = out.new_zeros(B, M, out.shape[-1])
+        out = out + offset[:, :1]
         if num_samples > 1:  # the first step is the same for every path of a window: computed once
             S = num_samples
-            out, fut_known, target_prev = (
-                x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev)
+            out, fut_known, target_prev, offset = (
+                x.repeat_interleave(S, dim=0) for x in (out, fut_known, target_prev, offset)
             )
             if cache is not None:
                 cache.share(
@@ -225,6 +247,6 @@ class EncoderDecoder(nn.Module):
             else:
                 target_prev = torch.cat([target_prev, next_value], dim=1)  # (B * S, m + 1, Dy)
                 out = self.decode(target_prev, fut_known[:, : m + 1], memory, hist_valid, n_hist=N)[:, -1:]
-            next_value = draw(out)
+            next_value = draw(out + offset[:, m : m + 1])
             values.append(next_value)
         return torch.cat(values, dim=1)  # (B * S, M, Dy)

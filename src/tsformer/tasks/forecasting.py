@@ -26,6 +26,8 @@ independence wrap all three families the same way, outside them (`model_options.
 known steps]) and from the encoder-decoder's history (its decoder keeps one token per future step);
 the decoder-only family takes patches side by side over its whole window and generates a patch per
 token (`model.patch_stride` null or equal to `model.patch_len`; context and horizon whole patches).
+The closed-form linear path (`model.linear_path`) is declared once for the three Transformer
+families (`_TransformerForecaster`).
 
 Output heads (`nn/heads.py`): every family's network gives the head's `n_params` outputs per
 channel. The autoregressive families (`enc_dec`, `dec_only`) feed back the head's point value in a
@@ -76,7 +78,68 @@ class _Forecaster(WindowTask):
         return [self.naive_baseline(), LinearForecast()]
 
 
-class EncoderDecoderForecaster(_Forecaster):
+class _TransformerForecaster(_Forecaster):
+    """The settings every Transformer forecasting family shares, declared once.
+
+    `linear_path`: the forecast is the closed-form linear forecaster's (`models/linear.py`, solved on
+    the train windows when the fit starts, penalty chosen on the validation windows) plus the
+    Transformer's. The linear forecast is made in the data's units and enters the network's view as a
+    target does (`fut_linear`: RevIN-normalised, split by channel); each family adds it to its
+    network's outputs of the future steps (`_plus_linear_path`; the autoregressive families before a
+    step's value is fed back, `generate(offset=...)`), so while the network's output layer, which
+    starts at zero, adds nothing, the forecast is exactly the linear forecast: training starts from it,
+    the Transformer learns what it misses, the linear weights train too (`linear_path_frozen`: they
+    stay as solved). Point head only."""
+
+    def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.linear_path = None
+        if linear_path:
+            if self.head.probabilistic:
+                raise ValueError(
+                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
+                )
+            hp = self.hparams
+            self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
+            # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
+            self.linear_path.weight.requires_grad_(not linear_path_frozen)
+            torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
+            torch.nn.init.zeros_(self.net.head.bias)
+
+    def on_fit_start(self) -> None:
+        self.solve_linear_path(self.trainer.datamodule)
+
+    def solve_linear_path(self, dm) -> bool:
+        """Solve the linear path unless it is solved (resumed, or started from a model folder: kept);
+        whether it was solved now."""
+        solve_now = self.linear_path is not None and bool(self.linear_path.penalty.isnan())
+        if solve_now:
+            self.fit_linear_path(dm)
+        return solve_now
+
+    def fit_linear_path(self, dm) -> None:
+        """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
+        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+
+    def _with_linear_path(self, batch: dict) -> dict:
+        """A batch as it comes from the data (static features appended) with its linear forecast."""
+        if self.linear_path is None:
+            return batch
+        linear = self.linear_path(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+        return batch | {"fut_linear": linear}
+
+    def _plus_linear_path(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The network's output of the future steps plus the linear forecast in the network's view."""
+        return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
+
+    def forecast(self, batch: dict) -> torch.Tensor:
+        return super().forecast(self._with_linear_path(batch))
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        return super().training_loss(self._with_linear_path(batch))
+
+
+class EncoderDecoderForecaster(_TransformerForecaster):
     family = "enc_dec"
     autoregressive = True
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
@@ -96,12 +159,16 @@ class EncoderDecoderForecaster(_Forecaster):
 
     def teacher_forced(self, batch: dict):
         out = self.net(history(batch), batch["hist_target"][:, -1], batch["fut_target"], batch["fut_known"])
-        return out, batch["fut_target"], valid_steps(batch, "fut")
+        return self._plus_linear_path(out, batch), batch["fut_target"], valid_steps(batch, "fut")
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         draw = self.head.point_of_raw
         return self.net.generate(
-            history(batch), batch["hist_target"][:, -1], batch["fut_known"], draw=draw
+            history(batch),
+            batch["hist_target"][:, -1],
+            batch["fut_known"],
+            draw=draw,
+            offset=batch.get("fut_linear"),  # added to each step's output before it is fed back
         )  # (B, M, Dy)
 
     def sample_paths(self, batch: dict, num_samples: int) -> torch.Tensor:
@@ -115,7 +182,7 @@ class EncoderDecoderForecaster(_Forecaster):
         return paths.unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
 
-class DecoderOnlyForecaster(_Forecaster):
+class DecoderOnlyForecaster(_TransformerForecaster):
     family = "dec_only"
     autoregressive = True
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
@@ -159,12 +226,27 @@ class DecoderOnlyForecaster(_Forecaster):
         valid = torch.cat([valid_steps(batch, "hist"), valid_steps(batch, "fut")], dim=1)[
             :, P:
         ]  # (B, N + M - P), as labels
-        return self.net(prev, known_next), labels, valid
+        out = self.net(prev, known_next)  # (B, N + M - P, Dy + Do): its last M steps are the future's
+        if "fut_linear" in batch:
+            M = batch["fut_target"].shape[1]
+            out = torch.cat([out[:, :-M], out[:, -M:] + self._auto_offset(batch)], dim=1)
+        return out, labels, valid
+
+    def _auto_offset(self, batch: dict) -> torch.Tensor | None:
+        """The linear forecast on the autoregressive channels: `(B, M, Dy + Do)`, 0 on the past-only
+        covariates (None without the linear path)."""
+        if "fut_linear" not in batch:
+            return None
+        return torch.nn.functional.pad(batch["fut_linear"], (0, self.hparams.d_observed))
 
     def predict_target(self, batch: dict) -> torch.Tensor:
         hist_auto = torch.cat([batch["hist_target"], batch["hist_observed"]], dim=-1)  # (B, N, Dy + Do)
         pred = self.net.generate(
-            hist_auto, batch["hist_known"], batch["fut_known"], draw=self.head.point_of_raw
+            hist_auto,
+            batch["hist_known"],
+            batch["fut_known"],
+            draw=self.head.point_of_raw,
+            offset=self._auto_offset(batch),  # added to each patch's output before it is fed back
         )
         return pred[..., : self.d_target_net]  # (B, M, Dy + Do) -> (B, M, Dy)
 
@@ -181,14 +263,8 @@ class DecoderOnlyForecaster(_Forecaster):
         return paths[..., : self.d_target_net].unflatten(0, (-1, num_samples))  # (B, S, M, Dy)
 
 
-class EncoderForecaster(_Forecaster):
-    """`linear_path`: the forecast is the closed-form linear forecaster's (`models/linear.py`, solved on
-    the train windows when the fit starts, penalty chosen on the validation windows) plus the
-    Transformer's. The linear forecast is made in the data's units and enters the network's view as a
-    target does (`fut_linear`: RevIN-normalised, split by channel), so the sum is exactly the linear
-    forecast while the Transformer's output layer, which starts at zero, adds nothing: training starts
-    from the linear forecast, the Transformer learns what it misses, the linear weights train too
-    (`linear_path_frozen`: they stay as solved). Point head only.
+class EncoderForecaster(_TransformerForecaster):
+    """`linear_path`: see `_TransformerForecaster`.
 
     `linear_gate` (global | step | channel; none: off): after training, the share of the forecast's
     departure from the closed-form linear forecaster (the run's `linear` baseline: the solved weights,
@@ -207,14 +283,11 @@ class EncoderForecaster(_Forecaster):
     def __init__(
         self,
         *args,
-        linear_path: bool = False,
-        linear_path_frozen: bool = False,
         linear_gate: str = "none",
         channel_mixing: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        self.linear_path = None
         self.channel_mixing = None
         if channel_mixing:
             if self.head.probabilistic:
@@ -241,23 +314,10 @@ class EncoderForecaster(_Forecaster):
             # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
             self.register_buffer("linear_gate_share", torch.ones(hp.horizon, hp.d_target))  # (M, Dy)
             self.register_buffer("linear_gate_fitted", torch.tensor(False))
-        if linear_path:
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
-                )
-            hp = self.hparams
-            self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
-            # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
-            self.linear_path.weight.requires_grad_(not linear_path_frozen)
-            torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
-            torch.nn.init.zeros_(self.net.head.bias)
 
     def on_fit_start(self) -> None:
         dm = self.trainer.datamodule
-        solve_now = self.linear_path is not None and bool(self.linear_path.penalty.isnan())
-        if solve_now:  # not solved yet (resumed, or started from a model folder: kept)
-            self.fit_linear_path(dm)
+        solve_now = self.solve_linear_path(dm)
         if self.linear_reference is not None and self.trainer.ckpt_path is None:  # not resumed
             # this run's own linear forecaster (weights from a model folder are not), chosen again after the fit
             self.linear_gate_fitted.fill_(False)
@@ -267,10 +327,6 @@ class EncoderForecaster(_Forecaster):
                 self.linear_reference.fit(
                     window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
                 )
-
-    def fit_linear_path(self, dm) -> None:
-        """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
-        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
 
     @property
     def gated(self) -> bool:
@@ -337,20 +393,13 @@ class EncoderForecaster(_Forecaster):
         return batch | {"fut_linear": sum(parts[1:], parts[0])} if parts else batch
 
     def forecast(self, batch: dict) -> torch.Tensor:
-        out = super().forecast(self._with_linear_path(batch))  # (B, M, Dy)
+        out = super().forecast(batch)  # (B, M, Dy), on the linear path (`_with_linear_path`)
         if not self.gated:
             return out
         linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
         if self.form_shares and not self.training:  # the test scores the other forms too (test_step)
             self._ungated = (out, linear)
         return linear + self.linear_gate_share.to(out.dtype) * (out - linear)
-
-    def training_loss(self, batch: dict) -> torch.Tensor:
-        return super().training_loss(self._with_linear_path(batch))
-
-    def _plus_linear_path(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
-        """The network's output plus the linear forecast in the network's view (`fut_linear`)."""
-        return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
