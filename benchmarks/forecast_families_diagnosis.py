@@ -51,10 +51,11 @@ def line(name: str, per_step: torch.Tensor) -> str:
 
 def main() -> None:
     import lightning as L
+    from hydra.utils import instantiate
 
     from tsformer.models import ChannelSharedLinear, LinearConfig
     from tsformer.tasks.baselines import window_batches
-    from tsformer.train import _instantiate_data_and_task, compose_config
+    from tsformer.train import build_task, compose_config
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,7 +78,9 @@ def main() -> None:
     ]
     cfg = compose_config([*overrides, f"seed={args.seed}", *args.override], Path(tempfile.mkdtemp()))
     L.seed_everything(args.seed, verbose=False)
-    dm, task = _instantiate_data_and_task(cfg)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = build_task(cfg.model, dm)
     if getattr(task, "linear_path", None) is not None:
         task.fit_linear_path(dm)
     train, val = dm.datasets["train"], dm.datasets["val"]
@@ -100,7 +103,7 @@ def main() -> None:
         with torch.no_grad():
             b = task.static.append_to_known(vb)
             net_batch, view = task.options.enter(
-                task._with_linear_path(b) if hasattr(task, "_with_linear_path") else b
+                task.with_linear_path(b) if hasattr(task, "with_linear_path") else b
             )
             out, _, _ = task.teacher_forced(net_batch)
             forced = view.to_batch_layout(task.head.point_of_raw(out)[:, -H:, : task.d_target_net])

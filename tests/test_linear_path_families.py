@@ -67,7 +67,7 @@ def test_generation_feeds_back_the_linear_forecast_plus_the_networks(cls, opts):
     b["hist_observed"], b["fut_observed"] = b["hist_observed"][..., :0], b["fut_observed"][..., :0]
     with torch.no_grad():
         pred = task.forecast(b)  # generated
-        net_batch, view = task.options.enter(task._with_linear_path(dict(b, fut_target=pred)))
+        net_batch, view = task.options.enter(task.with_linear_path(dict(b, fut_target=pred)))
         forced, _, _ = task.teacher_forced(net_batch)
         forced = view.to_batch_layout(forced[:, -M:, : task.d_target_net])
     torch.testing.assert_close(forced, pred, rtol=1e-4, atol=1e-3)
@@ -133,7 +133,7 @@ def test_an_encoder_decoder_that_feeds_nothing_back_trains_on_its_forecast(opts)
             with_linear_weights(task)
         with torch.no_grad():
             torch.nn.init.normal_(task.net.head.weight, std=0.3)
-            net_batch, view = task.options.enter(task._with_linear_path(task.static.append_to_known(b)))
+            net_batch, view = task.options.enter(task.with_linear_path(task.static.append_to_known(b)))
             forced = view.to_batch_layout(task.teacher_forced(net_batch)[0])
             forecast = task.forecast(b)
         if feed_back:

@@ -121,7 +121,7 @@ class _TransformerForecaster(_Forecaster):
         """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
         self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
 
-    def _with_linear_path(self, batch: dict) -> dict:
+    def with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast."""
         if self.linear_path is None:
             return batch
@@ -133,10 +133,10 @@ class _TransformerForecaster(_Forecaster):
         return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
 
     def forecast(self, batch: dict) -> torch.Tensor:
-        return super().forecast(self._with_linear_path(batch))
+        return super().forecast(self.with_linear_path(batch))
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        return super().training_loss(self._with_linear_path(batch))
+        return super().training_loss(self.with_linear_path(batch))
 
 
 class EncoderDecoderForecaster(_TransformerForecaster):
@@ -382,7 +382,7 @@ class EncoderForecaster(_TransformerForecaster):
             self.log_dict(figures)
         super().on_test_epoch_end()
 
-    def _with_linear_path(self, batch: dict) -> dict:
+    def with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast, plus
         the cross-channel path's correction (`channel_mixing`): what the Transformer adds to."""
         parts = []
@@ -393,7 +393,7 @@ class EncoderForecaster(_TransformerForecaster):
         return batch | {"fut_linear": sum(parts[1:], parts[0])} if parts else batch
 
     def forecast(self, batch: dict) -> torch.Tensor:
-        out = super().forecast(batch)  # (B, M, Dy), on the linear path (`_with_linear_path`)
+        out = super().forecast(batch)  # (B, M, Dy), on the linear path (`with_linear_path`)
         if not self.gated:
             return out
         linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
