@@ -115,6 +115,21 @@ def data_overrides(dataset: str) -> list[str]:
 
 EXPERIMENT = "ett-benchmark"
 BATCH = 32  # the literature's batch (conf/experiment/ett.yaml)
+# the two other families' rows: RevIN, channel independence, patches of 16 (the linear-path rows add to them)
+ENC_DEC = [
+    "model=enc_dec",
+    "model.revin=true",
+    "model.channel_independent=true",
+    "model.patch_len=16",
+    "model.patch_stride=8",
+    "model.net.n_decoder_layers=1",
+]
+DEC_ONLY_PATCH16 = [
+    "model=dec_only",
+    "model.revin=true",
+    "model.channel_independent=true",
+    "model.patch_len=16",
+]
 OURS = {
     "tsformer-patchtst": ["model=patchtst"],
     # the paper's ETTh1/ETTh2 scripts use a much smaller PatchTST (d_model 16, 4 heads, d_ff 128,
@@ -131,50 +146,15 @@ OURS = {
     # PatchTST with one head of 16 on the closed-form linear path; run with --epochs 2 (the experiment's)
     "tsformer-recipe": ["experiment=forecast_recipe"],
     "tsformer-enc_only_forecast": ["model=enc_only_forecast", "model.revin=true"],
-    "tsformer-enc_dec": [
-        "model=enc_dec",
-        "model.revin=true",
-        "model.channel_independent=true",
-        "model.patch_len=16",
-        "model.patch_stride=8",
-        "model.net.n_decoder_layers=1",
-    ],
+    "tsformer-enc_dec": ENC_DEC,
     "tsformer-dec_only": ["model=dec_only", "model.revin=true", "model.channel_independent=true"],
-    "tsformer-dec_only-patch16": [
-        "model=dec_only",
-        "model.revin=true",
-        "model.channel_independent=true",
-        "model.patch_len=16",
-    ],
+    "tsformer-dec_only-patch16": DEC_ONLY_PATCH16,
     # the same two on the closed-form linear path (issue 56, point 5): the linear forecaster's forecast
     # plus the network's, the network's output layer starting at zero
-    "tsformer-enc_dec-linear": [
-        "model=enc_dec",
-        "model.revin=true",
-        "model.channel_independent=true",
-        "model.patch_len=16",
-        "model.patch_stride=8",
-        "model.net.n_decoder_layers=1",
-        "model.linear_path=true",
-    ],
+    "tsformer-enc_dec-linear": [*ENC_DEC, "model.linear_path=true"],
     # and with a decoder that feeds nothing back (model.net.feed_back=false: one pass, no teacher forcing)
-    "tsformer-enc_dec-direct-linear": [
-        "model=enc_dec",
-        "model.revin=true",
-        "model.channel_independent=true",
-        "model.patch_len=16",
-        "model.patch_stride=8",
-        "model.net.n_decoder_layers=1",
-        "model.net.feed_back=false",
-        "model.linear_path=true",
-    ],
-    "tsformer-dec_only-patch16-linear": [
-        "model=dec_only",
-        "model.revin=true",
-        "model.channel_independent=true",
-        "model.patch_len=16",
-        "model.linear_path=true",
-    ],
+    "tsformer-enc_dec-direct-linear": [*ENC_DEC, "model.net.feed_back=false", "model.linear_path=true"],
+    "tsformer-dec_only-patch16-linear": [*DEC_ONLY_PATCH16, "model.linear_path=true"],
     # the closed-form channel-shared ridge (models/linear.py): fitted, not trained (one epoch, no step)
     "tsformer-linear": ["model=linear"],
 }

@@ -47,6 +47,18 @@ def rows(path: Path) -> tuple[list[dict], list[dict]]:
     return main, detail
 
 
+def measured_rows(paths: list[Path]):
+    """(seed, main row, its detail row, path) for each measured row of each file of `paths`: the seed
+    read from the file's name (the name itself where it holds none)."""
+    for path in paths:
+        seed = re.search(r"seed(\d+)", path.name)
+        main_rows, detail = rows(path)
+        for r in main_rows:
+            key = (r["model"], r["dataset"], r["L"], r["H"])
+            d = next(x for x in detail if (x["model"], x["dataset"], x["L"], x["H"]) == key)
+            yield (seed.group(1) if seed else path.name), r, d, path
+
+
 FORMS = ("global", "step", "channel")
 
 
@@ -55,16 +67,10 @@ def gate_tables(paths: list[Path]) -> None:
     beside the model ungated and the same-run linear forecaster, the mean share kept; then the selection
     rule's figure, per form: the mean over the seed-0 rows of gated / linear validation MSE."""
     runs = defaultdict(list)
-    for path in paths:
-        seed = re.search(r"seed(\d+)", path.name)
-        main_rows, detail = rows(path)
-        for r in main_rows:
-            key = (r["model"], r["dataset"], r["L"], r["H"])
-            d = next(x for x in detail if (x["model"], x["dataset"], x["L"], x["H"]) == key)
-            if d.get("gate_val_linear", "-") == "-":
-                continue
-            runs[key].append(
-                {"seed": seed.group(1) if seed else path.name, "train_s": float(r["train_s"]), **d}
+    for seed, r, d, _ in measured_rows(paths):
+        if d.get("gate_val_linear", "-") != "-":
+            runs[(r["model"], r["dataset"], r["L"], r["H"])].append(
+                {"seed": seed, "train_s": float(r["train_s"]), **d}
             )
 
     def mean(seeds, column):
@@ -107,25 +113,20 @@ def test_mse(main_row: dict, detail_row: dict, ungated: bool) -> float:
 def seed_rows(paths: list[Path], ungated: bool = False) -> dict[tuple, dict]:
     """{(model, dataset, L, H, seed): figures} over `paths`; a row found twice must agree."""
     found = {}
-    for path in paths:
-        seed = re.search(r"seed(\d+)", path.name)
-        main_rows, detail = rows(path)
-        for r in main_rows:
-            key = (r["model"], r["dataset"], r["L"], r["H"])
-            d = next(x for x in detail if (x["model"], x["dataset"], x["L"], x["H"]) == key)
-            figures = {
-                "val": float(d["best_val_mse"]),
-                "mse": test_mse(r, d, ungated),
-                "linear": float(d["linear_mse_same_run"]),
-                "train_s": float(r["train_s"]),
-                "steps": d["steps"],
-                "file": path.name,
-            }
-            full = (*key, seed.group(1) if seed else path.name)
-            old = found.get(full)
-            if old is not None and (old["val"], old["mse"]) != (figures["val"], figures["mse"]):
-                raise SystemExit(f"{path}: row {' '.join(full)} differs from {old['file']}'s")
-            found[full] = figures
+    for seed, r, d, path in measured_rows(paths):
+        figures = {
+            "val": float(d["best_val_mse"]),
+            "mse": test_mse(r, d, ungated),
+            "linear": float(d["linear_mse_same_run"]),
+            "train_s": float(r["train_s"]),
+            "steps": d["steps"],
+            "file": path.name,
+        }
+        full = (r["model"], r["dataset"], r["L"], r["H"], seed)
+        old = found.get(full)
+        if old is not None and (old["val"], old["mse"]) != (figures["val"], figures["mse"]):
+            raise SystemExit(f"{path}: row {' '.join(full)} differs from {old['file']}'s")
+        found[full] = figures
     return found
 
 
