@@ -95,10 +95,7 @@ class _TransformerForecaster(_Forecaster):
         super().__init__(*args, **kwargs)
         self.linear_path = None
         if linear_path:
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.linear_path")
             hp = self.hparams
             self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
             # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
@@ -290,10 +287,7 @@ class EncoderForecaster(_TransformerForecaster):
         super().__init__(*args, **kwargs)
         self.channel_mixing = None
         if channel_mixing:
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.channel_mixing takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.channel_mixing")
             self.channel_mixing = ChannelMixing(self.hparams.context_len, self.hparams.horizon)
         self.linear_reference = None
         self.gate_report: dict[str, float] = {}
@@ -305,10 +299,7 @@ class EncoderForecaster(_TransformerForecaster):
         if linear_gate not in GATES:
             raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
         if linear_gate != "none":
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.linear_gate takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.linear_gate")
             hp = self.hparams
             self.linear_reference = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
             # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
@@ -465,8 +456,7 @@ class LinearForecaster(SolvedAtFitStart, _Forecaster):
 
     def __init__(self, *args, subtract: str = "last", penalties: list[float] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.head.probabilistic:
-            raise ValueError(f"model=linear takes the point head (head=point), not head={self.head.kind}")
+        self.require_point_head("model=linear")
         self.val_mse_by_penalty: dict[float, float] = {}
 
     def build_forecaster(self, net: dict) -> ChannelSharedLinear:
