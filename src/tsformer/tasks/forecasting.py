@@ -54,7 +54,7 @@ from tsformer.models import (
 from tsformer.models.linear import PENALTIES
 from tsformer.nn.channel_mixing import ChannelMixing
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
-from tsformer.tasks.baselines import LinearForecast, window_batches
+from tsformer.tasks.baselines import LinearForecast, SolvedLinear, window_batches
 from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
 from tsformer.tasks.solved import SolvedAtFitStart
 
@@ -76,6 +76,15 @@ class _Forecaster(WindowTask):
     def job_baselines(self) -> list:
         """Persistence (`test/baseline_*`) and the closed-form linear forecaster (`test/linear_*`)."""
         return [self.naive_baseline(), LinearForecast()]
+
+    def keep_solved_linear(self, model, val_mse: dict, dm) -> None:
+        """`model` (a `ChannelSharedLinear`) as just solved on `dm`'s train windows, its penalty chosen on
+        its validation windows (`val_mse`): the run's `linear` baseline takes it where it is the same fit
+        (`SolvedLinear`) rather than solving the same equations again at the test's start."""
+        solved = SolvedLinear.of(model, val_mse, dm.datasets["train"], dm.datasets["val"])
+        for baseline in self.baselines:
+            if isinstance(baseline, LinearForecast):
+                baseline.solved = solved
 
 
 class _TransformerForecaster(_Forecaster):
@@ -116,7 +125,10 @@ class _TransformerForecaster(_Forecaster):
 
     def fit_linear_path(self, dm) -> None:
         """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
-        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+        val_mse = self.linear_path.fit(
+            window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+        )
+        self.keep_solved_linear(self.linear_path, val_mse, dm)
 
     def with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast."""
@@ -315,9 +327,10 @@ class EncoderForecaster(_TransformerForecaster):
             if solve_now:  # solved just now: its solved weights, before any training
                 self.linear_reference.load_state_dict(self.linear_path.state_dict())
             else:
-                self.linear_reference.fit(
+                val_mse = self.linear_reference.fit(
                     window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
                 )
+                self.keep_solved_linear(self.linear_reference, val_mse, dm)
 
     @property
     def gated(self) -> bool:
@@ -473,6 +486,7 @@ class LinearForecaster(SolvedAtFitStart, _Forecaster):
         self.val_mse_by_penalty = self.net.fit(
             window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
         )
+        self.keep_solved_linear(self.net, self.val_mse_by_penalty, dm)
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         # train/loss logged as any model's; None: no optimiser step, the weights are solved for (`on_fit_start`)
