@@ -19,9 +19,11 @@ from tsformer import predict
 from tsformer.data.schema import DataValidationError
 from tsformer.data.sequences import SequenceDataModule, StreamDataModule, pad_batch
 from tsformer.jobs import JOBS, job_of_folder
+from tsformer.jobs.base import csv_file
 from tsformer.jobs.classification.classifier import Classifier, save_classifier_folder
 from tsformer.jobs.classification.job import write_outputs
 from tsformer.jobs.forecasting.forecaster import ModelInfo
+from tsformer.jobs.forecasting.job import FORECASTS_FILE
 from tsformer.serving.predictor import Predictor
 from tsformer.settings import SettingError
 from tsformer.tasks.classification import ClassificationTask, summary_features
@@ -271,6 +273,30 @@ def test_write_outputs_writes_every_test_sample_and_an_example_the_folder_answer
         ).max()
         <= 1e-5
     )
+
+
+@pytest.mark.parametrize("overrides", [["model=random_kernel_ridge"], ["model=enc_only_classifier"]])
+def test_a_classifier_run_without_an_experiment_writes_classes_csv_as_the_docs_name_it(overrides, tmp_path):
+    """`python train.py model=<a classifier> data=...`: forecasts_file's default is the job's own name,
+    classes.csv (docs/classification.md, the summary's usage line), not the forecasts' name; a name given
+    is kept and null writes none."""
+    dm = SequenceDataModule(sequences_table(), sequences_table(n_series=5, seed=4))
+    dm.setup()
+    model = ClassificationTask(NET, dm.d_in, dm.classes).eval()
+    with torch.no_grad():
+        proba = torch.cat([model.predict_proba(b) for b in dm.test_dataloader()]).double().numpy()
+    model.test_outputs = {"proba": proba, "true": dm.labels("test")}
+    cfg = compose_config([*overrides, "data=sequences"], tmp_path / "run")
+    assert write_outputs(cfg, model, dm, None).csv_path == tmp_path / "run" / "classes.csv"
+    cfg.forecasts_file = "mine.csv"
+    assert write_outputs(cfg, model, dm, None).csv_path.name == "mine.csv"
+    cfg.forecasts_file = None
+    assert write_outputs(cfg, model, dm, None).csv_path is None
+    for experiment in ("plant_regime", "osuleaf"):  # the experiments take the job's name too
+        assert (
+            csv_file(compose_config([f"experiment={experiment}"], tmp_path), "classes.csv") == "classes.csv"
+        )
+    assert csv_file(compose_config([], tmp_path), FORECASTS_FILE) == "forecasts.csv"  # a forecaster's
 
 
 # -- the archive sets -----------------------------------------------------------------------------------

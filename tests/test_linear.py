@@ -173,3 +173,44 @@ def test_a_linear_path_starts_the_transformer_from_the_linear_forecast(tmp_path)
             ).model,
             dm,
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(["model=enc_only_forecast", *TINY, "model.linear_path=true"], id="linear_path"),
+        pytest.param(["model=enc_only_forecast", *TINY, "model.linear_gate=step"], id="gate_reference"),
+        pytest.param(["model=linear", *TINY_LINEAR], id="model_linear"),
+    ],
+)
+def test_the_linear_baseline_takes_the_tasks_own_solve_with_test_linear_mse_unchanged(
+    overrides, tmp_path, monkeypatch
+):
+    """Where the task solved the same linear forecaster on the same windows at the fit's start (its linear
+    path, its gate's reference, model=linear's network), the `linear` baseline takes that solve instead of
+    solving the same equations again; test/linear_mse is that of a baseline solved on its own, to the bit."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    cfg = compose_config(overrides, tmp_path)
+    dm = instantiate(cfg.data)
+    dm.setup()
+    task = build_task(cfg.model, dm)
+    task.set_target_scaling(dm.features.target_scaler)
+    solves = []
+    fit = ChannelSharedLinear.fit
+    monkeypatch.setattr(ChannelSharedLinear, "fit", lambda self, *a: solves.append(1) or fit(self, *a))
+    trainer = L.Trainer(
+        max_steps=3, limit_val_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(task, datamodule=dm)
+    reused = trainer.test(task, datamodule=dm, verbose=False)[0]
+    assert len(solves) == 1  # the task's own solve only: the baseline took it
+    (linear,) = [b for b in task.baselines if isinstance(b, LinearForecast)]
+    linear.solved = None  # the baseline solved on its own, on the same windows
+    alone = trainer.test(task, datamodule=dm, verbose=False)[0]
+    assert len(solves) == 2
+    for name in ("mse", "mae", "mae_orig", "rmse_orig"):
+        assert reused[f"test/linear_{name}"] == alone[f"test/linear_{name}"], name

@@ -12,7 +12,12 @@ from conftest import TINY
 from test_model_options import DEC_ONLY_PATCHES, NET, M, N, batch, make_task
 from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, save_model_folder
-from tsformer.tasks import DecoderOnlyForecaster, EncoderDecoderForecaster, EncoderForecaster
+from tsformer.tasks import (
+    DecoderOnlyForecaster,
+    EncoderDecoderForecaster,
+    EncoderForecaster,
+    LinearForecaster,
+)
 from tsformer.tasks.baselines import LinearForecast
 from tsformer.train import build_task, compose_config
 
@@ -93,6 +98,23 @@ def test_the_linear_path_never_reads_the_future_truth_and_trains(cls, opts):
 def test_the_linear_path_takes_the_point_head(cls):
     with pytest.raises(ValueError, match="model.linear_path takes the point head"):
         make_task(cls, {"linear_path": True}, head={"kind": "gaussian"})
+
+
+@pytest.mark.parametrize(
+    "cls, opts, setting",
+    [
+        (EncoderForecaster, {"linear_path": True}, "model.linear_path"),
+        (EncoderForecaster, {"channel_mixing": True}, "model.channel_mixing"),
+        (EncoderForecaster, {"linear_gate": "step"}, "model.linear_gate"),
+        (LinearForecaster, {}, "model=linear"),
+    ],
+)
+def test_each_setting_that_needs_the_point_head_refuses_another_in_one_line_naming_it(cls, opts, setting):
+    net = {} if cls is LinearForecaster else NET
+    with pytest.raises(ValueError) as refused:
+        make_task(cls, opts, net=net, head={"kind": "student_t"})
+    assert str(refused.value) == f"{setting} takes the point head (head=point), not head=student_t"
+    make_task(cls, opts, net=net)  # the point head: taken
 
 
 @pytest.mark.parametrize(

@@ -127,3 +127,33 @@ def test_the_tasks_buffers_give_the_ridge_it_was_fitted_as():
     np.testing.assert_allclose(task(x, valid).numpy(), ridge.decision(x, valid), rtol=1e-12)
     batch = {"x": x, "valid": valid}
     np.testing.assert_allclose(task.predict_proba(batch).numpy(), ridge.predict_proba(x, valid), rtol=1e-10)
+
+
+def test_the_ridge_is_restored_once_not_every_batch_with_the_same_scores(monkeypatch):
+    """Scores of several batches restore the ridge from the buffers once, and are the ones a ridge restored
+    for each batch gives (to the bit); a load of other buffers restores again: their scores follow."""
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(12, 40, 2)), dtype=torch.float32)
+    valid = torch.ones(12, 40, dtype=torch.bool)
+    valid[:4, 30:] = False
+    labels = np.arange(12) % 3
+    fits = [RandomKernelRidge(336, seed=3).fit(x, valid, np.roll(labels, k), 3) for k in (0, 1)]
+    layout = [[list(d), list(n)] for d, n in fits[0].layout()]
+    assert layout == [[list(d), list(n)] for d, n in fits[1].layout()]  # the same kernels' shapes
+    task = RandomKernelRidgeTask(d_in=2, classes=["a", "b", "c"], n_features=336, seed=3, layout=layout)
+    restores = []
+    restore = RandomKernelRidge.restore
+    monkeypatch.setattr(
+        RandomKernelRidge, "restore", lambda self, *a: restores.append(1) or restore(self, *a)
+    )
+    for fit in fits:
+        task.load_state_dict({f"net.{k}": v for k, v in fit.fitted_tensors().items()})
+        scores = [task(x[lo : lo + 4], valid[lo : lo + 4]).numpy() for lo in (0, 4, 8)]
+        alone = RandomKernelRidge(336, seed=3).restore(layout, fit.fitted_tensors(), 1.0)
+        for lo, got in zip((0, 4, 8), scores, strict=True):
+            np.testing.assert_array_equal(got, alone.decision(x[lo : lo + 4], valid[lo : lo + 4]))
+        np.testing.assert_allclose(np.concatenate(scores), fit.decision(x, valid), rtol=1e-12)
+    assert len(restores) == 2 + 2  # one for each load (and one for each `alone`), not one a batch
+    task.net.load_state_dict(fits[0].fitted_tensors())  # the buffers' own module loaded: restored again
+    np.testing.assert_allclose(task(x, valid).numpy(), fits[0].decision(x, valid), rtol=1e-12)
+    assert len(restores) == 5

@@ -39,6 +39,19 @@ class RunOutputs:
     logged_under: str = "forecasts"  # the MLflow run's artifact folder of the CSV (and paths): the job's
 
 
+# `forecasts_file`'s default (conf/train.yaml): the CSV takes its job's own name (`csv_file`)
+JOB_FILE = "default"
+
+
+def csv_file(cfg: DictConfig, job_file: str) -> str | None:
+    """The name of a run's test-outputs CSV: the setting `forecasts_file`, where it is `default` the job's
+    own (`job_file`: forecasts.csv, classes.csv); None: none (forecasts_file=null)."""
+    name = cfg.get("forecasts_file")
+    if not name:
+        return None
+    return job_file if name == JOB_FILE else str(name)
+
+
 def _nothing(*args) -> None:
     return None
 

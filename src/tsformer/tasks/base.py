@@ -354,6 +354,12 @@ class WindowTask(TakesSettings, Optimised, L.LightningModule):
         take patch tokens."""
         return {"patch_len": self.hparams.patch_len, "patch_stride": self.hparams.patch_stride}
 
+    def require_point_head(self, setting: str) -> None:
+        """Refuse a distribution head for `setting` (e.g. "model.linear_path"), which needs the point head:
+        one line naming it."""
+        if self.head.probabilistic:
+            raise ValueError(f"{setting} takes the point head (head=point), not head={self.head.kind}")
+
     def _check_options(self) -> None:
         hp = self.hparams
         asked = {

@@ -54,7 +54,7 @@ from tsformer.models import (
 from tsformer.models.linear import PENALTIES
 from tsformer.nn.channel_mixing import ChannelMixing
 from tsformer.tasks.base import FORECASTS, WindowTask, valid_steps
-from tsformer.tasks.baselines import LinearForecast, window_batches
+from tsformer.tasks.baselines import LinearForecast, SolvedLinear, window_batches
 from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
 from tsformer.tasks.solved import SolvedAtFitStart
 
@@ -77,6 +77,15 @@ class _Forecaster(WindowTask):
         """Persistence (`test/baseline_*`) and the closed-form linear forecaster (`test/linear_*`)."""
         return [self.naive_baseline(), LinearForecast()]
 
+    def keep_solved_linear(self, model, val_mse: dict, dm) -> None:
+        """`model` (a `ChannelSharedLinear`) as just solved on `dm`'s train windows, its penalty chosen on
+        its validation windows (`val_mse`): the run's `linear` baseline takes it where it is the same fit
+        (`SolvedLinear`) rather than solving the same equations again at the test's start."""
+        solved = SolvedLinear.of(model, val_mse, dm.datasets["train"], dm.datasets["val"])
+        for baseline in self.baselines:
+            if isinstance(baseline, LinearForecast):
+                baseline.solved = solved
+
 
 class _TransformerForecaster(_Forecaster):
     """The settings every Transformer forecasting family shares, declared once.
@@ -95,10 +104,7 @@ class _TransformerForecaster(_Forecaster):
         super().__init__(*args, **kwargs)
         self.linear_path = None
         if linear_path:
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.linear_path takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.linear_path")
             hp = self.hparams
             self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
             # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
@@ -119,7 +125,10 @@ class _TransformerForecaster(_Forecaster):
 
     def fit_linear_path(self, dm) -> None:
         """Solve the linear path on `dm`'s train windows (penalty chosen on its validation windows)."""
-        self.linear_path.fit(window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"]))
+        val_mse = self.linear_path.fit(
+            window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+        )
+        self.keep_solved_linear(self.linear_path, val_mse, dm)
 
     def with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast."""
@@ -290,10 +299,7 @@ class EncoderForecaster(_TransformerForecaster):
         super().__init__(*args, **kwargs)
         self.channel_mixing = None
         if channel_mixing:
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.channel_mixing takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.channel_mixing")
             self.channel_mixing = ChannelMixing(self.hparams.context_len, self.hparams.horizon)
         self.linear_reference = None
         self.gate_report: dict[str, float] = {}
@@ -305,10 +311,7 @@ class EncoderForecaster(_TransformerForecaster):
         if linear_gate not in GATES:
             raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
         if linear_gate != "none":
-            if self.head.probabilistic:
-                raise ValueError(
-                    f"model.linear_gate takes the point head (head=point), not head={self.head.kind}"
-                )
+            self.require_point_head("model.linear_gate")
             hp = self.hparams
             self.linear_reference = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
             # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
@@ -324,9 +327,10 @@ class EncoderForecaster(_TransformerForecaster):
             if solve_now:  # solved just now: its solved weights, before any training
                 self.linear_reference.load_state_dict(self.linear_path.state_dict())
             else:
-                self.linear_reference.fit(
+                val_mse = self.linear_reference.fit(
                     window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
                 )
+                self.keep_solved_linear(self.linear_reference, val_mse, dm)
 
     @property
     def gated(self) -> bool:
@@ -465,8 +469,7 @@ class LinearForecaster(SolvedAtFitStart, _Forecaster):
 
     def __init__(self, *args, subtract: str = "last", penalties: list[float] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.head.probabilistic:
-            raise ValueError(f"model=linear takes the point head (head=point), not head={self.head.kind}")
+        self.require_point_head("model=linear")
         self.val_mse_by_penalty: dict[float, float] = {}
 
     def build_forecaster(self, net: dict) -> ChannelSharedLinear:
@@ -483,6 +486,7 @@ class LinearForecaster(SolvedAtFitStart, _Forecaster):
         self.val_mse_by_penalty = self.net.fit(
             window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
         )
+        self.keep_solved_linear(self.net, self.val_mse_by_penalty, dm)
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         # train/loss logged as any model's; None: no optimiser step, the weights are solved for (`on_fit_start`)

@@ -80,8 +80,7 @@ class MaskedFillIn(WindowTask):
 
     def __init__(self, *args, window_norm: bool = True, **kwargs):  # and `WindowTask`'s
         super().__init__(*args, **kwargs)
-        if self.head.probabilistic:
-            raise ValueError(f"masked fill-in takes the point head (head=point), not head={self.head.kind}")
+        self.require_point_head("masked fill-in")
         # scored on single values, not whole steps: no per-variable metric of whole rows
         scaled = MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()})
         orig = MetricCollection(

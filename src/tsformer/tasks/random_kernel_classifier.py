@@ -30,6 +30,20 @@ from tsformer.tasks.classification import ClassificationTask, MajorityClass, Sum
 from tsformer.tasks.solved import SolvedAtFitStart
 
 
+class FittedTensors(nn.Module):
+    """The fitted tensors, as buffers (none moves by gradient). `restored`: whether the task's ridge holds
+    them (`RandomKernelRidgeTask.fitted_ridge`); a load of a state dict, the task's or this module's own,
+    clears it."""
+
+    def __init__(self):
+        super().__init__()
+        self.restored = False
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.restored = False  # the buffers take new numbers: the ridge is restored from them again
+        super()._load_from_state_dict(*args, **kwargs)
+
+
 class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
     """`model=random_kernel_ridge` (see the module docstring).
 
@@ -69,7 +83,7 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
         self.temperature = float(temperature)
         self.loo_samples = 0  # the training series whose leave-one-out scores fitted the temperature
         self.ridge = RandomKernelRidge(n_features, diff=diff, seed=seed)
-        self.net = nn.Module()  # the fitted tensors, as buffers (none moves by gradient)
+        self.net = FittedTensors()  # the fitted tensors, as buffers (none moves by gradient)
         for name, shape in self._shapes(layout, d_in, n_classes).items():
             self.net.register_buffer(name, torch.zeros(shape, dtype=torch.float64))
         self.val_loss = MeanMetric()
@@ -116,6 +130,7 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
             getattr(self.net, name).copy_(tensor)
         self.temperature = self.hparams.temperature = self.ridge.temperature
         self.loo_samples = len(train)
+        self.net.restored = False  # new buffers: restored from them at the first scores
 
     def configure_optimizers(self):
         return None  # nothing moves by gradient
@@ -131,10 +146,15 @@ class RandomKernelRidgeTask(SolvedAtFitStart, ClassificationTask):
             raise RuntimeError(
                 "model=random_kernel_ridge: not fitted (train.py fits it on the training series)"
             )
-        tensors = dict(self.net.named_buffers())
-        ridge = self.ridge.restore(self.hparams.layout, tensors, self.temperature)
-        scores = ridge.decision(x.detach().cpu().float(), valid.detach().cpu())
+        scores = self.fitted_ridge().decision(x.detach().cpu().float(), valid.detach().cpu())
         return torch.as_tensor(scores, device=x.device)
+
+    def fitted_ridge(self) -> RandomKernelRidge:
+        """The ridge of the buffers, restored from them once (after the fit, or a load), not every batch."""
+        if not self.net.restored:
+            self.ridge.restore(self.hparams.layout, dict(self.net.named_buffers()), self.temperature)
+            self.net.restored = True
+        return self.ridge
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         scores = self(batch["x"], batch["valid"]) / self.temperature  # val/loss: the calibrated log loss

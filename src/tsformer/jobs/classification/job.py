@@ -23,6 +23,7 @@ from tsformer.jobs.base import (
     Param,
     Prediction,
     RunOutputs,
+    csv_file,
     job_of_module,
     made_by,
     metric_table,
@@ -41,6 +42,8 @@ from tsformer.jobs.classification.ensemble import FOLDER as ENSEMBLE
 from tsformer.jobs.forecasting.forecaster import ModelInfo
 from tsformer.serving.writers import write_csv
 from tsformer.tasks.classification import ECE_BINS, METRICS, ClassificationTask, score
+
+CLASSES_FILE = "classes.csv"  # the run's CSV of the test samples' classes (`forecasts_file`'s default)
 
 
 def data_filter(datamodule) -> bool:
@@ -69,7 +72,8 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     """The classes CSV, the model folder and a few test samples for it."""
     output_dir = Path(cfg.paths.output_dir)
     frame = test_frame(task, datamodule)
-    csv_path = write_csv(frame, output_dir / cfg.forecasts_file) if cfg.forecasts_file else None
+    name = csv_file(cfg, CLASSES_FILE)
+    csv_path = write_csv(frame, output_dir / name) if name else None
     info = ModelInfo(
         family=task.family, dataset=datamodule.name, run_id=run_id, git_commit=tracking.git_commit()
     )
@@ -241,5 +245,5 @@ JOB = job_of_module(
     tasks=(ClassificationTask,),
     data="labelled sequences or streams, for model=enc_only_classifier",
     prediction=Prediction(answer, report, params=(TIME_FORMAT, EXPLAIN)),
-    usage=predict_usage("classify new data", "--output", "classes.csv"),
+    usage=predict_usage("classify new data", "--output", CLASSES_FILE),
 )

@@ -22,6 +22,7 @@ from tsformer.jobs.base import (
     TIME_FORMAT,
     Prediction,
     RunOutputs,
+    csv_file,
     job_of_module,
     made_by,
     metric_table,
@@ -58,6 +59,7 @@ from tsformer.tasks.forecasting import (
 )
 from tsformer.tasks.probabilistic import BAND_LEVELS
 
+FORECASTS_FILE = "forecasts.csv"  # the run's CSV of the test windows' forecasts (`forecasts_file`'s default)
 WINDOW_MSE = "test/window_mse.csv"  # artifact: each test window's MSE (scaled units), in window order
 DATA = "a forecasting or reconstruction data config (data=plant, csv, ett, ...) with a model such as enc_dec"
 
@@ -93,12 +95,13 @@ def write_outputs(cfg: DictConfig, task, datamodule, run_id: str | None) -> RunO
     output_dir = Path(cfg.paths.output_dir)
     tested = task.test_outputs
     forecasts = csv_path = paths_path = None
-    if cfg.forecasts_file:
+    name = csv_file(cfg, FORECASTS_FILE)
+    if name:
         quantiles = _quantiles(task, task.head.levels)
         forecasts = forecasts_frame(
             SplitView.of(datamodule, "test"), tested["pred"], tested["true"], tested["valid"], *quantiles
         )
-        csv_path = write_csv(forecasts, output_dir / cfg.forecasts_file)
+        csv_path = write_csv(forecasts, output_dir / name)
     if cfg.get("paths_file"):
         paths_path = write_parquet(
             paths_frame(SplitView.of(datamodule, "test"), tested["paths"]), output_dir / cfg.paths_file
@@ -270,5 +273,5 @@ JOB = job_of_module(
     prediction=Prediction(
         answer, report, params=(ORIGIN, TIME_FORMAT), stream=answer_stream
     ),  # tsformer-serve's streams
-    usage=predict_usage("forecast new data", "--output", "forecasts.csv"),
+    usage=predict_usage("forecast new data", "--output", FORECASTS_FILE),
 )
