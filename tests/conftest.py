@@ -188,6 +188,24 @@ PLANT_TARGETS = ["dynamic_temperature", "dynamic_pressure"]
 PLANT_KNOWN = ["ambient_pressure", "ambient_temperature", "supply_voltage"]
 
 
+def small_plant_datamodule(context_len: int, horizon: int):
+    """A set-up data module of a small simulated plant table (2 series of 200 rows, simulator seed 0),
+    its targets and known inputs PLANT_TARGETS and PLANT_KNOWN, test batches of 16 windows."""
+    from tsformer.data import TimeSeriesDataModule, simulate_plant
+
+    dm = TimeSeriesDataModule(
+        simulate_plant(n_series=2, n_steps=200, freq="1min", seed=0),
+        target_cols=PLANT_TARGETS,
+        known_cols=PLANT_KNOWN,
+        series_col="series_id",
+        context_len=context_len,
+        horizon=horizon,
+        eval_batch_size=16,
+    )
+    dm.setup()
+    return dm
+
+
 def plant_csv_overrides(path) -> list[str]:
     """TINY settings for a simulated plant table saved as a CSV at `path`, read through data=csv."""
     return [

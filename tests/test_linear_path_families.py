@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import TINY, small_plant_datamodule
 from test_model_options import DEC_ONLY_PATCHES, NET, M, N, batch, make_task
-from tsformer.data import TimeSeriesDataModule, simulate_plant
 from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, save_model_folder
 from tsformer.tasks import (
     DecoderOnlyForecaster,
@@ -177,17 +176,7 @@ def test_an_encoder_decoder_that_feeds_nothing_back_samples_paths():
 
 @pytest.mark.parametrize("cls,opts", [c for c in CASES if c.values[0].autoregressive])
 def test_the_linear_path_round_trips_through_the_model_folder(cls, opts, tmp_path):
-    df = simulate_plant(n_series=2, n_steps=200, freq="1min", seed=0)
-    dm = TimeSeriesDataModule(
-        df,
-        target_cols=["dynamic_temperature", "dynamic_pressure"],
-        known_cols=["ambient_pressure", "ambient_temperature", "supply_voltage"],
-        series_col="series_id",
-        context_len=N,
-        horizon=M,
-        eval_batch_size=16,
-    )
-    dm.setup()
+    dm = small_plant_datamodule(N, M)
     sizes = {"d_target": dm.d_target, "d_known": dm.d_known, "d_observed": dm.d_observed}
     task = make_task(cls, opts | {"linear_path": True}, **sizes)
     task.fit_linear_path(dm)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY, random_windows
-from tsformer.data import TimeSeriesDataModule, simulate_plant
+from conftest import TINY, random_windows, small_plant_datamodule
+from tsformer.data import simulate_plant
 from tsformer.jobs.forecasting.forecaster import Forecaster, ModelInfo, save_model_folder
 from tsformer.models import EncoderDecoder, EncoderDecoderConfig, EncoderOnly, EncoderOnlyConfig
 from tsformer.nn.patching import Patching, n_patches
@@ -373,17 +373,7 @@ ALL_OPTIONS = {"revin": True, "revin_affine": True, "channel_independent": True}
     ids=lambda v: v.family if isinstance(v, type) else "",
 )
 def test_options_round_trip_through_the_model_folder(cls, opts, tmp_path):
-    df = simulate_plant(n_series=2, n_steps=200, freq="1min", seed=0)
-    dm = TimeSeriesDataModule(
-        df,
-        target_cols=["dynamic_temperature", "dynamic_pressure"],
-        known_cols=["ambient_pressure", "ambient_temperature", "supply_voltage"],
-        series_col="series_id",
-        context_len=N,
-        horizon=M,
-        eval_batch_size=16,
-    )
-    dm.setup()
+    dm = small_plant_datamodule(N, M)
     task = make_task(cls, opts, d_target=dm.d_target, d_known=dm.d_known, d_observed=dm.d_observed)
     save_model_folder(tmp_path / "model", task, dm, ModelInfo(family=task.family, dataset="plant"))
     loaded = Forecaster.load(tmp_path / "model").task

@@ -102,16 +102,21 @@ def test_same_seed_same_results(in_tmp, reference):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_by_run_id(in_tmp, reference):
+def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
+    """A killed run resumed by its last.ckpt's path (the run id is resumed after Ctrl+C below, the output
+    folder after SIGTERM: each form finds the checkpoint and the run the same way whatever stopped it)."""
     proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGKILL, in_tmp))
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     client = client_in(in_tmp)
     (killed,) = all_runs(client)
     assert killed.info.status == "RUNNING"  # nothing runs after SIGKILL
-    assert (in_tmp / "out" / "checkpoints" / "last.ckpt").exists()
+    last = in_tmp / "out" / "checkpoints" / "last.ckpt"
+    assert last.exists()
     (data,) = killed.inputs.dataset_inputs  # its data, recorded when it started
 
-    run(compose_config([f"resume={killed.info.run_id}"], in_tmp / "resume_log"))  # as train.py resume=<id>
+    result = run(compose_config([f"resume={last}"], in_tmp / "resume_log"))  # as train.py resume=<path>
+    assert result.run_id == killed.info.run_id
+    assert result.metrics == reference["metrics"]
     (resumed,) = all_runs(client)  # the same run, no new one
     assert resumed.info.run_id == killed.info.run_id
     assert_same_as_reference(client, resumed.info.run_id, reference)
@@ -126,19 +131,6 @@ def test_sigkill_then_resume_by_run_id(in_tmp, reference):
     assert not (in_tmp / "resume_log" / "forecasts.csv").exists()
     artifacts = {a.path for a in client.list_artifacts(resumed.info.run_id, "checkpoints")}
     assert "checkpoints/best.ckpt" in artifacts
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_by_checkpoint_path(in_tmp, reference):
-    proc = train_py(in_tmp, stop_at_epoch_1(signal.SIGKILL, in_tmp))
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    (killed,) = all_runs(client_in(in_tmp))
-
-    last = in_tmp / "out" / "checkpoints" / "last.ckpt"
-    result = run(compose_config([f"resume={last}"], in_tmp / "resume_log"))
-    assert result.run_id == killed.info.run_id
-    assert result.metrics == reference["metrics"]
-    assert_same_as_reference(client_in(in_tmp), result.run_id, reference)
 
 
 @pytest.mark.slow
