@@ -36,6 +36,8 @@ experiment=ett ...`, logged to MLflow in ./mlflow.db, experiment "ett-benchmark"
   path (`model.linear_path=true`: the linear forecaster's forecast plus the network's);
 - tsformer-enc_dec-direct-linear: tsformer-enc_dec-linear with a decoder that feeds nothing back
   (`model.net.feed_back=false`: every decoder token carries the last observed value; one pass);
+- tsformer-enc_dec-direct-linear-dpatch16: tsformer-enc_dec-direct-linear with a decoder token per 16 future
+  steps (`model.net.decoder_patch_len=16`);
 - tsformer-linear: `model=linear`, the closed-form channel-shared ridge (models/linear.py): solved on
   the train windows, its penalty chosen on the validation windows, no optimiser step. Every row of
   ours also reports the same forecaster fitted inside its own run (`linear_mse_same_run`, the run's
@@ -154,6 +156,13 @@ OURS = {
     "tsformer-enc_dec-linear": [*ENC_DEC, "model.linear_path=true"],
     # and with a decoder that feeds nothing back (model.net.feed_back=false: one pass, no teacher forcing)
     "tsformer-enc_dec-direct-linear": [*ENC_DEC, "model.net.feed_back=false", "model.linear_path=true"],
+    # and with decoder tokens of 16 future steps (model.net.decoder_patch_len: self-attention over M / 16 tokens)
+    "tsformer-enc_dec-direct-linear-dpatch16": [
+        *ENC_DEC,
+        "model.net.feed_back=false",
+        "model.net.decoder_patch_len=16",
+        "model.linear_path=true",
+    ],
     "tsformer-dec_only-patch16-linear": [*DEC_ONLY_PATCH16, "model.linear_path=true"],
     # the closed-form channel-shared ridge (models/linear.py): fitted, not trained (one epoch, no step)
     "tsformer-linear": ["model=linear"],

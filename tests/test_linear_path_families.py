@@ -174,11 +174,19 @@ def test_an_encoder_decoder_that_feeds_nothing_back_samples_paths():
     assert point.shape == (4, M, 3)
 
 
-@pytest.mark.parametrize("cls,opts", [c for c in CASES if c.values[0].autoregressive])
-def test_the_linear_path_round_trips_through_the_model_folder(cls, opts, tmp_path):
+# and the encoder-decoder whose decoder feeds nothing back and reads patches of 4 future steps a token
+DECODER_PATCHES = NET | {"feed_back": False, "decoder_patch_len": 4}
+
+
+@pytest.mark.parametrize(
+    "cls,opts,net",
+    [pytest.param(*c.values, NET, id=c.id) for c in CASES if c.values[0].autoregressive]
+    + [pytest.param(EncoderDecoderForecaster, OPTIONS, DECODER_PATCHES, id="enc_dec-decoder-patches")],
+)
+def test_the_linear_path_round_trips_through_the_model_folder(cls, opts, net, tmp_path):
     dm = small_plant_datamodule(N, M)
     sizes = {"d_target": dm.d_target, "d_known": dm.d_known, "d_observed": dm.d_observed}
-    task = make_task(cls, opts | {"linear_path": True}, **sizes)
+    task = make_task(cls, opts | {"linear_path": True}, net=net, **sizes)
     task.fit_linear_path(dm)
     with torch.no_grad():
         torch.nn.init.normal_(task.net.head.weight, std=0.1)

@@ -84,7 +84,9 @@ def random_weights(folder: Path) -> None:
 def another_family(state: dict, hparams: dict) -> dict:
     """The weights of a decoder-only network of the same sizes."""
     net = {
-        k: v for k, v in hparams["net"].items() if k not in ("n_decoder_layers", "start_token", "feed_back")
+        k: v
+        for k, v in hparams["net"].items()
+        if k not in ("n_decoder_layers", "start_token", "feed_back", "decoder_patch_len")
     }
     return DecoderOnlyForecaster(**{**hparams, "net": net}).state_dict()
 

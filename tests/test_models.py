@@ -168,6 +168,43 @@ def test_encoder_decoder_cached_equals_uncached(positional, norm, fused, start_t
     assert (tf - cached).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_decoder_patches_of_one_step_are_the_step_tokens(positional):
+    """`decoder_patch_len=1` is the one-token-per-step decoder of `feed_back=False`, to the bit."""
+    torch.manual_seed(1)
+    hist, last, fut_k = torch.randn(3, 20, 5), torch.randn(3, 2), torch.randn(3, 15, 3)
+    steps = enc_dec(positional, feed_back=False).generate(hist, last, fut_k)
+    patches = enc_dec(positional, feed_back=False, decoder_patch_len=1).generate(hist, last, fut_k)
+    assert torch.equal(steps, patches)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_decoder_patch_tokens_predict_their_steps(positional):
+    """`decoder_patch_len=P`: ceil(M / P) decoder tokens; token j reads the known covariates of its own
+    P steps (and, causally, of the patches before) and predicts those steps; a last partial patch gives
+    exactly the M steps asked for; the training pass is the forecast."""
+    P, M = 4, 14  # 4 tokens, the last one half a patch
+    model = enc_dec(positional, feed_back=False, decoder_patch_len=P)
+    tokens = []
+    model.dec_proj.register_forward_hook(lambda mod, inp, out: tokens.append(out.shape[1]))
+    torch.manual_seed(1)
+    hist, last, fut_k = torch.randn(3, 20, 5), torch.randn(3, 2), torch.randn(3, M, 3)
+    out = model.generate(hist, last, fut_k)
+    assert out.shape == (3, M, 2) and tokens == [4]
+    with torch.no_grad():
+        assert torch.equal(model(hist, last, torch.randn(3, M, 2), fut_k), out)  # no future value read
+    changed = fut_k.clone()
+    changed[:, 9] += 1.0  # a covariate of step 9: patch 2 (steps 8 .. 11)
+    diff = (model.generate(hist, last, changed) - out).abs().amax(dim=(0, 2))  # (M,)
+    assert diff[:8].max() == 0  # the patches before it never see it
+    assert (diff[8:12] > 0).all()  # every step of its own patch reads it
+
+
+def test_decoder_patches_need_a_decoder_that_feeds_nothing_back():
+    with pytest.raises(ValueError, match="model.net.decoder_patch_len=4 needs model.net.feed_back=false"):
+        enc_dec(decoder_patch_len=4)
+
+
 def test_generate_without_covariates_takes_a_horizon():
     torch.manual_seed(0)
     dec = DecoderOnly(DecoderOnlyConfig(d_target=1, **TINY)).eval()

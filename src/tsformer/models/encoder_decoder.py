@@ -21,6 +21,11 @@ it (and the known covariates of its own step), so no future value is ever an inp
 distribution head the steps of a sampled path are drawn independently). Why: on
 ETTh1 the teacher-forced decoder learns to copy the true previous value it is handed, and generating
 from its own values it then follows persistence (benchmarks/RESULTS_forecast_families.md).
+With `feed_back=False`, `decoder_patch_len` P gives the decoder one token per P future steps instead of
+one per step: token j carries the last observed target and the known covariates of steps jP .. jP + P - 1,
+sits at the position of step jP, and predicts those P steps. Its self-attention then costs (M / P)^2, not
+M^2 (the largest cost of a long horizon's step: benchmarks/RESULTS_forecast_families.md). A last partial
+patch has its missing covariates as zeros and its extra outputs dropped.
 
 With `patch_len`, the ENCODER reads patches of steps (`tsformer.nn.patching`; PatchTST): its memory
 has L = floor((N - P) / S) + 2 tokens, each at the position of its first step on the shared axis.
@@ -62,6 +67,7 @@ class EncoderDecoderConfig(TransformerConfig):
     n_decoder_layers: int | None = None  # None: as many as the encoder (n_layers)
     start_token: str = "last"  # "last": last observed target; "go": a learned [GO] token
     feed_back: bool = True  # False: every decoder token carries the last observed target (one pass)
+    decoder_patch_len: int | None = None  # with feed_back=False: one decoder token per P future steps
     patch_len: int | None = None  # encoder tokens: None = one per history step; P = one per patch of P steps
     patch_stride: int | None = None  # S, steps between patch starts (None: = patch_len)
     n_params: int = (
@@ -74,11 +80,18 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         if cfg.start_token not in START_TOKENS:
             raise ValueError(f"unknown start_token {cfg.start_token!r}; choose one of {START_TOKENS}")
+        P = cfg.decoder_patch_len
+        if P is not None and (cfg.feed_back or P < 1):
+            raise ValueError(
+                f"model.net.decoder_patch_len={P} needs model.net.feed_back=false and a length >= 1 "
+                "(a decoder that feeds its values back generates one step per token)"
+            )
+        self.dec_patch = P or 1  # future steps per decoder token
         self.cfg = cfg
         self.patching = Patching(cfg.patch_len, cfg.patch_stride) if cfg.patch_len else None
         self.enc_proj = build_embedding(cfg, token_features(self.patching, cfg.d_enc_in), self.patching)
         self.grid = token_grid(self.patching, self.enc_proj)  # patches, strided convolution, or None
-        self.dec_proj = InputProjection(cfg.d_target + cfg.d_known, cfg.d_model)
+        self.dec_proj = InputProjection(cfg.d_target + self.dec_patch * cfg.d_known, cfg.d_model)
         self.positional, rope = build_positional(
             cfg.positional, cfg.d_model, cfg.head_dim, cfg.max_len, cfg.rope_base
         )
@@ -87,7 +100,7 @@ class EncoderDecoder(nn.Module):
         n_dec = cfg.n_decoder_layers or cfg.n_layers
         self.decoder = TransformerStack(cfg, n_dec, causal=True, cross_attention=True, rope=rope)
         self.go_token = nn.Parameter(torch.randn(cfg.d_model) * 0.02) if cfg.start_token == "go" else None
-        self.head = nn.Linear(cfg.d_model, cfg.d_target * cfg.n_params)
+        self.head = nn.Linear(cfg.d_model, self.dec_patch * cfg.d_target * cfg.n_params)
 
     def memory_positions(self, n_hist: int, device=None) -> torch.Tensor:
         """`(L,)` positions of the memory tokens of a history of `n_hist` steps: its steps 0..N-1,
@@ -128,7 +141,8 @@ class EncoderDecoder(nn.Module):
 
         n_hist: the history's length N (the first future step sits at position N); needed with
         patches, where the memory has fewer tokens than the history has steps.
-        With a cache, the T tokens continue after those already decoded.
+        With a cache, the T tokens continue after those already decoded. With `decoder_patch_len` P
+        (`decode_direct`'s tokens), token j sits at step N + jP and its output holds P steps' values.
         """
         T = target_prev.shape[1]
         if n_hist is None:
@@ -137,8 +151,9 @@ class EncoderDecoder(nn.Module):
             n_hist = memory.shape[1]
         N = n_hist
         start = cache.length if cache is not None else 0
-        self.positional.check_length(N + start + T)
-        positions = torch.arange(N + start, N + start + T, device=memory.device)  # after the history
+        # after the history, a token every dec_patch steps; the last token's position must be known
+        self.positional.check_length(N + (start + T - 1) * self.dec_patch + 1)
+        positions = N + torch.arange(start, start + T, device=memory.device) * self.dec_patch
         if self.go_token is not None and start == 0:
             # the first token carries the [GO] vector instead of an observed target
             target_prev = torch.cat([torch.zeros_like(target_prev[:, :1]), target_prev[:, 1:]], dim=1)
@@ -157,7 +172,28 @@ class EncoderDecoder(nn.Module):
             memory_positions=self.memory_positions(N, device=memory.device),
             cache=cache,
         )
-        return self.head(h)  # (B, T, Dy * n_params)
+        return self.head(h)  # (B, T, dec_patch * Dy * n_params)
+
+    def decode_direct(
+        self,
+        last_target: torch.Tensor,
+        fut_known: torch.Tensor,
+        memory: torch.Tensor,
+        memory_valid: torch.Tensor | None,
+        n_hist: int,
+    ) -> torch.Tensor:
+        """`feed_back=False`'s one pass: every decoder token carries the last observed target `(B, Dy)`
+        and the known covariates `fut_known (B, M, Dk)` of its step (its P steps with `decoder_patch_len`)
+        -> `(B, M, Dy * n_params)`."""
+        B, M, Dk = fut_known.shape
+        P = self.dec_patch
+        T = -(-M // P)  # tokens: ceil(M / P)
+        if T * P > M:  # a last partial patch: its missing steps' covariates are zeros
+            fut_known = torch.cat([fut_known, fut_known.new_zeros(B, T * P - M, Dk)], dim=1)
+        known = fut_known.reshape(B, T, P * Dk)  # (B, T, P * Dk): a token's steps side by side
+        target_prev = last_target.unsqueeze(1).expand(B, T, -1)  # (B, T, Dy)
+        out = self.decode(target_prev, known, memory, memory_valid, n_hist=n_hist)  # (B, T, P * Dy * n_p)
+        return out.reshape(B, T * P, -1)[:, :M]  # (B, M, Dy * n_params)
 
     def forward(
         self,
@@ -176,10 +212,9 @@ class EncoderDecoder(nn.Module):
         if fut_known is None:
             fut_known = fut_target.new_zeros(B, M, 0)
         memory = self.encode(hist, hist_valid)
-        if self.cfg.feed_back:
-            target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
-        else:  # the future is never an input
-            target_prev = last_target.unsqueeze(1).expand(B, M, -1)  # (B, M, Dy)
+        if not self.cfg.feed_back:  # the future is never an input
+            return self.decode_direct(last_target, fut_known, memory, hist_valid, n_hist=hist.shape[1])
+        target_prev = torch.cat([last_target.unsqueeze(1), fut_target[:, :-1]], dim=1)  # (B, M, Dy)
         return self.decode(target_prev, fut_known, memory, hist_valid, n_hist=hist.shape[1])
 
     @torch.no_grad()
@@ -213,8 +248,7 @@ class EncoderDecoder(nn.Module):
         self.positional.check_length(N + M)  # refuse before any work is done
         memory = self.encode(hist, hist_valid)  # computed once for all steps
         if not self.cfg.feed_back:  # forward's one pass: nothing generated is an input
-            target_prev = last_target.unsqueeze(1).expand(B, M, -1)  # (B, M, Dy)
-            out = self.decode(target_prev, fut_known, memory, hist_valid, n_hist=N)  # (B, M, Dy * P)
+            out = self.decode_direct(last_target, fut_known, memory, hist_valid, n_hist=N)  # (B, M, Dy * n_p)
             out = out if offset is None else out + offset
             return draw(out.repeat_interleave(num_samples, dim=0))  # (B * S, M, Dy), steps drawn apart
         cache = KVCache(len(self.decoder.blocks), max_len=M, cross_attention=True) if use_cache else None

@@ -223,6 +223,7 @@ def _token_times(task, view: SplitView, name: str, shape: tuple[int, int], origi
     first = origin if view.targets_are_window else origin - (N - 1) * view.freq  # the window's first step
     match = LAYER_NAME.search(name)
     by_count = {N: np.arange(N), N + M: np.arange(N + M), N + M - 1: np.arange(N + M - 1)}
+    dec_patch = task.hparams.get("net", {}).get("decoder_patch_len") or 1  # enc_dec's future steps a token
     patch_len = task.hparams.get("patch_len")
     if patch_len and (match is None or match["stack"] == "encoder" or match["kind"] == "cross"):
         stride = task.hparams.get("patch_stride") or patch_len
@@ -232,8 +233,8 @@ def _token_times(task, view: SplitView, name: str, shape: tuple[int, int], origi
         in_decoder = (
             match is not None and match["stack"] == "decoder" and (is_query or match["kind"] == "self")
         )
-        if task.family == "enc_dec" and in_decoder and n == M:
-            return N + np.arange(M)  # the decoder's tokens: one per future step
+        if task.family == "enc_dec" and in_decoder and n == -(-M // dec_patch):
+            return N + np.arange(n) * dec_patch  # the decoder's tokens: one per future step (or per patch)
         return by_count.get(n)
 
     return tuple(
