@@ -29,7 +29,7 @@ patch has its missing covariates as zeros and its extra outputs dropped.
 
 With `patch_len`, the ENCODER reads patches of steps (`tsformer.nn.patching`; PatchTST): its memory
 has L = floor((N - P) / S) + 2 tokens, each at the position of its first step on the shared axis.
-The decoder still has one token per future step (it generates step by step).
+The decoder keeps one token per future step (it generates step by step) unless `decoder_patch_len` says otherwise.
 
 With a distribution head (`tsformer.nn.heads`) the network outputs `n_params` numbers per target
 channel and `generate` takes `draw` (a step's output -> the value fed back) and `num_samples`: the
