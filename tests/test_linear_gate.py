@@ -63,9 +63,11 @@ def table(values: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"time": times, **{f"x{i}": values[:, i] for i in range(values.shape[1])}})
 
 
-def gate_overrides(path, gate: str, n_channels: int, *extra: str) -> list[str]:
+def gate_overrides(
+    path, gate: str, n_channels: int, *extra: str, model: str = "enc_only_forecast"
+) -> list[str]:
     return [
-        "model=enc_only_forecast",
+        f"model={model}",
         *[o for o in TINY if not o.startswith("data.source")],
         "data=csv",
         f"data.source={path}",
@@ -118,6 +120,36 @@ def test_on_noise_the_gated_forecast_is_the_linear_forecaster_s(in_tmp):
     )
     assert ungated.metrics["test/mse"] != ungated.metrics["test/linear_mse"]
     assert not any(k.startswith("gate/") for k in ungated.metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model,extra",
+    [
+        pytest.param("enc_dec", [], id="enc_dec"),  # fed back step by step, no linear path
+        pytest.param(
+            "enc_dec", ["model.net.feed_back=false", "model.net.decoder_patch_len=2"], id="enc_dec-direct"
+        ),
+        pytest.param("dec_only", [], id="dec_only"),
+    ],
+)
+def test_the_gate_weighs_every_family_s_forecast(model, extra, in_tmp):
+    """The gate is declared once for every Transformer family: it weighs the finished (generated)
+    forecast, so on noise an autoregressive family's forecast is exactly the linear forecaster's too."""
+    path = in_tmp / "walks.csv"
+    table(random_walks(1200)).to_csv(path, index=False)
+    overrides = gate_overrides(path, "channel", 2, "trainer.limit_train_batches=20", *extra, model=model)
+    trained = fit_task(
+        compose_config([o for o in overrides if o != "model.linear_path=true"], in_tmp / "run")
+    )
+    m, task = trained.metrics, trained.task
+    assert task.family == model and task.linear_path is None  # gated without the linear path
+    assert m["gate/mean_share"] == 0.0 and m["test/mse"] == m["test/linear_mse"]
+    assert m["test/gate_ungated_mse"] != m["test/mse"]  # the family's own forecast differs
+    batch = next(iter(window_batches(trained.datamodule.datasets["test"])))
+    with torch.no_grad():
+        linear = task.linear_reference(batch["hist_target"], batch["fut_known"])
+        torch.testing.assert_close(task.forecast(batch), linear, rtol=0, atol=0)
 
 
 def logistic_map(rows: int) -> np.ndarray:

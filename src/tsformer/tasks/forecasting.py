@@ -98,22 +98,116 @@ class _TransformerForecaster(_Forecaster):
     step's value is fed back, `generate(offset=...)`), so while the network's output layer, which
     starts at zero, adds nothing, the forecast is exactly the linear forecast: training starts from it,
     the Transformer learns what it misses, the linear weights train too (`linear_path_frozen`: they
-    stay as solved). Point head only."""
+    stay as solved). Point head only.
 
-    def __init__(self, *args, linear_path: bool = False, linear_path_frozen: bool = False, **kwargs):
+    `linear_gate` (global | step | channel; none: off): after training, the share of the forecast's
+    departure from the closed-form linear forecaster (the run's `linear` baseline: the solved weights,
+    kept apart as `linear_reference` however the linear path trained) is chosen on the validation
+    windows (`tasks/linear_gate.py`), and saved with the weights (`linear_gate_share`); a share of 0
+    gives exactly the linear forecaster's forecast. It weighs the finished forecast (an autoregressive
+    family's generated one), so it takes any family, on the linear path or not. Point head only."""
+
+    def __init__(
+        self,
+        *args,
+        linear_path: bool = False,
+        linear_path_frozen: bool = False,
+        linear_gate: str = "none",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.linear_path = None
+        hp = self.hparams
         if linear_path:
             self.require_point_head("model.linear_path")
-            hp = self.hparams
             self.linear_path = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
             # solved first, then trained with the rest (or kept as solved: linear_path_frozen)
             self.linear_path.weight.requires_grad_(not linear_path_frozen)
             torch.nn.init.zeros_(self.net.head.weight)  # the Transformer's share starts at zero
             torch.nn.init.zeros_(self.net.head.bias)
+        self.linear_reference = None
+        self.gate_report: dict[str, float] = {}
+        # after a gate's fit in this process: each form's share (and the model's own, 1), scored on the
+        # test windows beside the configured one (test/gate_<form>_mse), to choose a form on validation
+        self.form_shares: dict[str, torch.Tensor] = {}
+        self._form_errors: dict[str, list[float]] = {}
+        self._ungated: tuple[torch.Tensor, torch.Tensor] | None = None
+        if linear_gate not in GATES:
+            raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
+        if linear_gate != "none":
+            self.require_point_head("model.linear_gate")
+            self.linear_reference = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
+            # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
+            self.register_buffer("linear_gate_share", torch.ones(hp.horizon, hp.d_target))  # (M, Dy)
+            self.register_buffer("linear_gate_fitted", torch.tensor(False))
 
     def on_fit_start(self) -> None:
-        self.solve_linear_path(self.trainer.datamodule)
+        dm = self.trainer.datamodule
+        solve_now = self.solve_linear_path(dm)
+        if self.linear_reference is not None and self.trainer.ckpt_path is None:  # not resumed
+            # this run's own linear forecaster (weights from a model folder are not), chosen again after the fit
+            self.linear_gate_fitted.fill_(False)
+            if solve_now:  # solved just now: its solved weights, before any training
+                self.linear_reference.load_state_dict(self.linear_path.state_dict())
+            else:
+                val_mse = self.linear_reference.fit(
+                    window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
+                )
+                self.keep_solved_linear(self.linear_reference, val_mse, dm)
+
+    @property
+    def gated(self) -> bool:
+        """Whether forecasts are gated: a gate configured and chosen on validation windows."""
+        return self.linear_reference is not None and bool(self.linear_gate_fitted)
+
+    @torch.no_grad()
+    def fit_linear_gate(self, dm) -> dict[str, float]:
+        """Choose the gate's share on `dm`'s validation windows with the weights as they are now (the
+        test's: the best checkpoint); returns its figures (`gate/*`), also kept in `gate_report`."""
+        val = dm.datasets["val"]
+        sums = GateSums(len(val), self.hparams.horizon, self.hparams.d_target)
+        self.linear_gate_fitted.fill_(False)
+        for batch in window_batches(val):
+            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+            sums.add(batch["fut_target"], linear, self.forecast(batch), valid_steps(batch, "fut"))
+        form = self.hparams.linear_gate
+        share, self.gate_report = fit_gate(sums, form)
+        self.form_shares = {"ungated": torch.ones_like(share)}
+        for other in GATES[1:]:  # what the other forms would give, for choosing a form on validation
+            other_share, figures = (share, self.gate_report) if other == form else fit_gate(sums, other)
+            self.gate_report[f"gate/val_mse_{other}"] = figures["gate/val_mse_gated"]
+            self.form_shares[other] = other_share
+        self.linear_gate_share.copy_(share)
+        self.linear_gate_fitted.fill_(True)
+        return self.gate_report
+
+    def on_test_start(self) -> None:
+        if self.linear_reference is not None and not self.gated:  # chosen once (a model folder keeps it)
+            self.fit_linear_gate(self.trainer.datamodule)
+        super().on_test_start()
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._ungated = None
+        super().test_step(batch, batch_idx)
+        if self._ungated is None or not self.form_shares:
+            return
+        out, linear = self._ungated  # (B, M, Dy), kept by `forecast`
+        true, valid = self.true_target(batch), self.target_valid(batch)
+        for form, share in self.form_shares.items():
+            error = (linear + share.to(out) * (out - linear) - true)[valid]  # (n valid steps, Dy)
+            sums = self._form_errors.setdefault(form, [0.0, 0])
+            sums[0] += float(error.double().square().sum())
+            sums[1] += error.numel()
+        self._ungated = None
+
+    def on_test_epoch_end(self) -> None:
+        figures = dict(self.gate_report)
+        figures |= {f"test/gate_{form}_mse": sse / max(n, 1) for form, (sse, n) in self._form_errors.items()}
+        self._form_errors = {}
+        if figures:
+            self.log_dict(figures)
+        super().on_test_epoch_end()
 
     def solve_linear_path(self, dm) -> bool:
         """Solve the linear path unless it is solved (resumed, or started from a model folder: kept);
@@ -142,7 +236,13 @@ class _TransformerForecaster(_Forecaster):
         return out + batch["fut_linear"] if "fut_linear" in batch else out  # (B', M, Dy')
 
     def forecast(self, batch: dict) -> torch.Tensor:
-        return super().forecast(self.with_linear_path(batch))
+        out = super().forecast(self.with_linear_path(batch))  # (B, M, Dy), on the linear path if any
+        if not self.gated:
+            return out
+        linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
+        if self.form_shares and not self.training:  # the test scores the other forms too (test_step)
+            self._ungated = (out, linear)
+        return linear + self.linear_gate_share.to(out.dtype) * (out - linear)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         return super().training_loss(self.with_linear_path(batch))
@@ -273,13 +373,7 @@ class DecoderOnlyForecaster(_TransformerForecaster):
 
 
 class EncoderForecaster(_TransformerForecaster):
-    """`linear_path`: see `_TransformerForecaster`.
-
-    `linear_gate` (global | step | channel; none: off): after training, the share of the forecast's
-    departure from the closed-form linear forecaster (the run's `linear` baseline: the solved weights,
-    kept apart as `linear_reference` however the linear path trained) is chosen on the validation
-    windows (`tasks/linear_gate.py`), and saved with the weights (`linear_gate_share`); a share of 0
-    gives exactly the linear forecaster's forecast.
+    """`linear_path`, `linear_gate`: see `_TransformerForecaster`.
 
     `channel_mixing`: a path across the target channels (`nn/channel_mixing.py`, iTransformer-like)
     whose correction is added to the linear forecast the Transformer starts from; it starts at zero
@@ -289,102 +383,12 @@ class EncoderForecaster(_TransformerForecaster):
     supported_options = frozenset({"revin", "channel_independent", "patch_len"})
     teacher_forced_is_forecast = True  # one pass of the network, no teacher forcing
 
-    def __init__(
-        self,
-        *args,
-        linear_gate: str = "none",
-        channel_mixing: bool = False,
-        **kwargs,
-    ):
+    def __init__(self, *args, channel_mixing: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.channel_mixing = None
         if channel_mixing:
             self.require_point_head("model.channel_mixing")
             self.channel_mixing = ChannelMixing(self.hparams.context_len, self.hparams.horizon)
-        self.linear_reference = None
-        self.gate_report: dict[str, float] = {}
-        # after a gate's fit in this process: each form's share (and the model's own, 1), scored on the
-        # test windows beside the configured one (test/gate_<form>_mse), to choose a form on validation
-        self.form_shares: dict[str, torch.Tensor] = {}
-        self._form_errors: dict[str, list[float]] = {}
-        self._ungated: tuple[torch.Tensor, torch.Tensor] | None = None
-        if linear_gate not in GATES:
-            raise ValueError(f"model.linear_gate: {linear_gate!r} is not one of {', '.join(GATES)}")
-        if linear_gate != "none":
-            self.require_point_head("model.linear_gate")
-            hp = self.hparams
-            self.linear_reference = ChannelSharedLinear(LinearConfig(hp.context_len, hp.horizon, hp.d_known))
-            # 1: the model as trained, until the validation windows choose (`fit_linear_gate`)
-            self.register_buffer("linear_gate_share", torch.ones(hp.horizon, hp.d_target))  # (M, Dy)
-            self.register_buffer("linear_gate_fitted", torch.tensor(False))
-
-    def on_fit_start(self) -> None:
-        dm = self.trainer.datamodule
-        solve_now = self.solve_linear_path(dm)
-        if self.linear_reference is not None and self.trainer.ckpt_path is None:  # not resumed
-            # this run's own linear forecaster (weights from a model folder are not), chosen again after the fit
-            self.linear_gate_fitted.fill_(False)
-            if solve_now:  # solved just now: its solved weights, before any training
-                self.linear_reference.load_state_dict(self.linear_path.state_dict())
-            else:
-                val_mse = self.linear_reference.fit(
-                    window_batches(dm.datasets["train"]), window_batches(dm.datasets["val"])
-                )
-                self.keep_solved_linear(self.linear_reference, val_mse, dm)
-
-    @property
-    def gated(self) -> bool:
-        """Whether forecasts are gated: a gate configured and chosen on validation windows."""
-        return self.linear_reference is not None and bool(self.linear_gate_fitted)
-
-    @torch.no_grad()
-    def fit_linear_gate(self, dm) -> dict[str, float]:
-        """Choose the gate's share on `dm`'s validation windows with the weights as they are now (the
-        test's: the best checkpoint); returns its figures (`gate/*`), also kept in `gate_report`."""
-        val = dm.datasets["val"]
-        sums = GateSums(len(val), self.hparams.horizon, self.hparams.d_target)
-        self.linear_gate_fitted.fill_(False)
-        for batch in window_batches(val):
-            batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
-            sums.add(batch["fut_target"], linear, self.forecast(batch), valid_steps(batch, "fut"))
-        form = self.hparams.linear_gate
-        share, self.gate_report = fit_gate(sums, form)
-        self.form_shares = {"ungated": torch.ones_like(share)}
-        for other in GATES[1:]:  # what the other forms would give, for choosing a form on validation
-            other_share, figures = (share, self.gate_report) if other == form else fit_gate(sums, other)
-            self.gate_report[f"gate/val_mse_{other}"] = figures["gate/val_mse_gated"]
-            self.form_shares[other] = other_share
-        self.linear_gate_share.copy_(share)
-        self.linear_gate_fitted.fill_(True)
-        return self.gate_report
-
-    def on_test_start(self) -> None:
-        if self.linear_reference is not None and not self.gated:  # chosen once (a model folder keeps it)
-            self.fit_linear_gate(self.trainer.datamodule)
-        super().on_test_start()
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._ungated = None
-        super().test_step(batch, batch_idx)
-        if self._ungated is None or not self.form_shares:
-            return
-        out, linear = self._ungated  # (B, M, Dy), kept by `forecast`
-        true, valid = self.true_target(batch), self.target_valid(batch)
-        for form, share in self.form_shares.items():
-            error = (linear + share.to(out) * (out - linear) - true)[valid]  # (n valid steps, Dy)
-            sums = self._form_errors.setdefault(form, [0.0, 0])
-            sums[0] += float(error.double().square().sum())
-            sums[1] += error.numel()
-        self._ungated = None
-
-    def on_test_epoch_end(self) -> None:
-        figures = dict(self.gate_report)
-        figures |= {f"test/gate_{form}_mse": sse / max(n, 1) for form, (sse, n) in self._form_errors.items()}
-        self._form_errors = {}
-        if figures:
-            self.log_dict(figures)
-        super().on_test_epoch_end()
 
     def with_linear_path(self, batch: dict) -> dict:
         """A batch as it comes from the data (static features appended) with its linear forecast, plus
@@ -395,15 +399,6 @@ class EncoderForecaster(_TransformerForecaster):
         if self.channel_mixing is not None:
             parts.append(self.channel_mixing(batch["hist_target"]))  # (B, M, Dy)
         return batch | {"fut_linear": sum(parts[1:], parts[0])} if parts else batch
-
-    def forecast(self, batch: dict) -> torch.Tensor:
-        out = super().forecast(batch)  # (B, M, Dy), on the linear path (`with_linear_path`)
-        if not self.gated:
-            return out
-        linear = self.linear_reference(batch["hist_target"], batch["fut_known"])  # (B, M, Dy)
-        if self.form_shares and not self.training:  # the test scores the other forms too (test_step)
-            self._ungated = (out, linear)
-        return linear + self.linear_gate_share.to(out.dtype) * (out - linear)
 
     def build_forecaster(self, net: dict) -> EncoderOnly:
         hp = self.hparams
