@@ -14,6 +14,7 @@ import torch
 
 from conftest import TINY
 from tsformer.jobs import load_model
+from tsformer.jobs.forecasting.forecaster import ModelInfo, save_model_folder
 from tsformer.tasks.baselines import window_batches
 from tsformer.tasks.linear_gate import GATES, GateSums, fit_gate
 from tsformer.train import compose_config, fit_task, run
@@ -150,6 +151,12 @@ def test_the_gate_weighs_every_family_s_forecast(model, extra, in_tmp):
     with torch.no_grad():
         linear = task.linear_reference(batch["hist_target"], batch["fut_known"])
         torch.testing.assert_close(task.forecast(batch), linear, rtol=0, atol=0)
+    # the model folder keeps the family's share: predict.py, serve and pyfunc forecast as the test did
+    save_model_folder(in_tmp / "model", task, trained.datamodule, ModelInfo(family=model, dataset="walks"))
+    loaded = load_model(in_tmp / "model").task
+    assert loaded.gated and torch.equal(loaded.linear_gate_share, task.linear_gate_share)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forecast(batch), linear, rtol=0, atol=0)
 
 
 def logistic_map(rows: int) -> np.ndarray:
